@@ -40,15 +40,14 @@ pub const CREDITS_INVALID: u8 = 31;
 
 /// Receive WQEs available for credit codes 0–30.
 const CREDIT_TABLE: [u16; 31] = [
-    0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
-    2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
+    0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072,
+    4096, 6144, 8192, 12288, 16384, 24576, 32768,
 ];
 
 /// Minimum RNR wait in microseconds for timer codes 0–31 (code 0 is the longest).
 const RNR_TIMER_US: [u32; 32] = [
-    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
-    5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122_880, 163_840, 245_760,
-    327_680, 491_520,
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840, 5120, 7680,
+    10240, 15360, 20480, 30720, 40960, 61440, 81920, 122_880, 163_840, 245_760, 327_680, 491_520,
 ];
 
 /// A NAK code (syndrome type 3).
@@ -187,7 +186,9 @@ impl fmt::Display for AethSyndrome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             AethSyndrome::Ack { credit_code: CREDITS_INVALID } => f.write_str("ACK"),
-            AethSyndrome::Ack { credit_code } => write!(f, "ACK credits={}", CREDIT_TABLE[credit_code as usize]),
+            AethSyndrome::Ack { credit_code } => {
+                write!(f, "ACK credits={}", CREDIT_TABLE[credit_code as usize])
+            }
             AethSyndrome::RnrNak { timer } => write!(f, "RNR_NAK timer={timer}"),
             AethSyndrome::Nak(c) => write!(f, "NAK {}", c.name()),
             AethSyndrome::Reserved(v) => write!(f, "RESERVED({:#04x})", 0x40 | v),

@@ -92,7 +92,12 @@ mod tests {
         let r = AtomicEthRepr::parse(&AtomicEth::new_checked(&bytes[..]).unwrap()).unwrap();
         assert_eq!(
             r,
-            AtomicEthRepr { va: 0x5555_1234_5008, rkey: Rkey(0xdead_beef), swap_add: 1, compare: 0x1122_3344_5566_7788 }
+            AtomicEthRepr {
+                va: 0x5555_1234_5008,
+                rkey: Rkey(0xdead_beef),
+                swap_add: 1,
+                compare: 0x1122_3344_5566_7788
+            }
         );
         let mut out = [0u8; 28];
         r.emit(&mut AtomicEth::new_unchecked(&mut out[..]));

@@ -252,7 +252,11 @@ mod tests {
         assert_eq!(buf, [0x0A, 0xB0, 0x7F, 0xFF, 0x80, 0xAB, 0xCD, 0xEF, 0x80, 0x12, 0x34, 0x56]);
         assert_eq!(BthRepr::parse(&Bth::new_unchecked(&buf[..])).unwrap(), r);
 
-        let cnp = BthRepr { becn: true, fecn: false, ..BthRepr::new(Opcode::new(0x81).unwrap(), Qpn::new(0x118), Psn::new(0)) };
+        let cnp = BthRepr {
+            becn: true,
+            fecn: false,
+            ..BthRepr::new(Opcode::new(0x81).unwrap(), Qpn::new(0x118), Psn::new(0))
+        };
         cnp.emit(&mut Bth::new_unchecked(&mut buf[..]));
         assert_eq!(buf, [0x81, 0x00, 0xff, 0xff, 0x40, 0x00, 0x01, 0x18, 0, 0, 0, 0]);
     }

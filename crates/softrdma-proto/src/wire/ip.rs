@@ -178,7 +178,12 @@ impl UdpRepr {
             return Err(Error::BadField { header: "UDP", reason: "length below 8" });
         }
         check_len("UDP datagram", b, usize::from(length))?;
-        Ok(UdpRepr { src_port: be::u16_at(b, 0), dst_port: be::u16_at(b, 2), length, checksum: be::u16_at(b, 6) })
+        Ok(UdpRepr {
+            src_port: be::u16_at(b, 0),
+            dst_port: be::u16_at(b, 2),
+            length,
+            checksum: be::u16_at(b, 6),
+        })
     }
 
     /// Writes the header.
@@ -282,12 +287,9 @@ impl UdpDatagram<'_> {
     /// The ICRC encapsulation of this datagram, from its real headers.
     pub fn encap(&self) -> icrc::Encap {
         let ip = match self.ip {
-            IpRepr::V4(h) => icrc::IpFields::V4 {
-                src: h.src,
-                dst: h.dst,
-                ident: h.ident,
-                dont_fragment: h.dont_fragment,
-            },
+            IpRepr::V4(h) => {
+                icrc::IpFields::V4 { src: h.src, dst: h.dst, ident: h.ident, dont_fragment: h.dont_fragment }
+            }
             IpRepr::V6(h) => icrc::IpFields::V6 { src: h.src, dst: h.dst },
         };
         icrc::Encap { ip, src_port: self.udp.src_port, dst_port: self.udp.dst_port }
@@ -340,13 +342,13 @@ mod tests {
 
     /// The IPv4 and UDP headers of spec vector V2, whose checksums scapy computed.
     const V2_HEAD: [u8; 28] = [
-        0x45, 0x01, 0x00, 0x40, 0x04, 0x78, 0x40, 0x00, 0x40, 0x11, 0xb4, 0xd5, 0xc0, 0xa8, 0x00,
-        0x07, 0xc0, 0xa8, 0x00, 0x07, 0xc0, 0x00, 0x12, 0xb7, 0x00, 0x2c, 0xac, 0xa2,
+        0x45, 0x01, 0x00, 0x40, 0x04, 0x78, 0x40, 0x00, 0x40, 0x11, 0xb4, 0xd5, 0xc0, 0xa8, 0x00, 0x07, 0xc0,
+        0xa8, 0x00, 0x07, 0xc0, 0x00, 0x12, 0xb7, 0x00, 0x2c, 0xac, 0xa2,
     ];
     const V2_UDP_PAYLOAD: [u8; 36] = [
-        0x24, 0x60, 0xff, 0xff, 0x00, 0x00, 0x00, 0xd3, 0x00, 0xcf, 0x17, 0x10, 0x46, 0x30, 0x81,
-        0x8b, 0xe2, 0x89, 0x35, 0xd9, 0x0e, 0x9a, 0x95, 0x50, 0x54, 0x01, 0xbe, 0x88, 0x5e, 0x50,
-        0x00, 0x00, 0x78, 0xf3, 0x53, 0xf3,
+        0x24, 0x60, 0xff, 0xff, 0x00, 0x00, 0x00, 0xd3, 0x00, 0xcf, 0x17, 0x10, 0x46, 0x30, 0x81, 0x8b, 0xe2,
+        0x89, 0x35, 0xd9, 0x0e, 0x9a, 0x95, 0x50, 0x54, 0x01, 0xbe, 0x88, 0x5e, 0x50, 0x00, 0x00, 0x78, 0xf3,
+        0x53, 0xf3,
     ];
 
     #[test]
@@ -388,7 +390,8 @@ mod tests {
         };
         let mut b = [0u8; 48];
         h.emit((&mut b[..40]).try_into().unwrap());
-        UdpRepr { src_port: 1, dst_port: 4791, length: 8, checksum: 0 }.emit((&mut b[40..]).try_into().unwrap());
+        UdpRepr { src_port: 1, dst_port: 4791, length: 8, checksum: 0 }
+            .emit((&mut b[40..]).try_into().unwrap());
         assert_eq!(Ipv6Repr::parse(&b).unwrap(), h);
         assert!(matches!(parse_ip_udp(&b).unwrap(), IpContent::Udp(d) if d.payload.is_empty()));
     }

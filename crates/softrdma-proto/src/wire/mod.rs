@@ -124,11 +124,7 @@ pub type Result<T> = core::result::Result<T, Error>;
 /// Checks that `buf` holds at least `need` bytes of `what`.
 pub(crate) fn check_len(what: &'static str, buf: &[u8], need: usize) -> Result<()> {
     if buf.len() < need {
-        Err(Error::Truncated {
-            what,
-            need,
-            have: buf.len(),
-        })
+        Err(Error::Truncated { what, need, have: buf.len() })
     } else {
         Ok(())
     }

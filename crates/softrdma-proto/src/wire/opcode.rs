@@ -245,13 +245,7 @@ const fn e(
     payload: PayloadRule,
     position: Position,
 ) -> Option<Entry> {
-    Some(Entry {
-        op,
-        name,
-        headers: HeaderSet::of(headers),
-        payload,
-        position,
-    })
+    Some(Entry { op, name, headers: HeaderSet::of(headers), payload, position })
 }
 
 use HeaderKind as H;
@@ -272,7 +266,13 @@ const OPS: [Option<Entry>; 32] = [
     e(O::RdmaWriteLast, "RDMA_WRITE_LAST", &[], P::NonEmpty, Pos::Last),
     e(O::RdmaWriteLastWithImmediate, "RDMA_WRITE_LAST_WITH_IMMEDIATE", &[H::ImmDt], P::NonEmpty, Pos::Last),
     e(O::RdmaWriteOnly, "RDMA_WRITE_ONLY", &[H::Reth], P::UpToMtu, Pos::Only),
-    e(O::RdmaWriteOnlyWithImmediate, "RDMA_WRITE_ONLY_WITH_IMMEDIATE", &[H::Reth, H::ImmDt], P::UpToMtu, Pos::Only),
+    e(
+        O::RdmaWriteOnlyWithImmediate,
+        "RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+        &[H::Reth, H::ImmDt],
+        P::UpToMtu,
+        Pos::Only,
+    ),
     e(O::RdmaReadRequest, "RDMA_READ_REQUEST", &[H::Reth], P::None, Pos::Only),
     e(O::RdmaReadResponseFirst, "RDMA_READ_RESPONSE_FIRST", &[H::Aeth], P::Full, Pos::First),
     e(O::RdmaReadResponseMiddle, "RDMA_READ_RESPONSE_MIDDLE", &[], P::Full, Pos::Middle),
@@ -296,13 +296,8 @@ const OPS: [Option<Entry>; 32] = [
 ];
 
 const UD_SEND_ONLY: Option<Entry> = e(O::SendOnly, "SEND_ONLY", &[H::Deth], P::UpToMtu, Pos::Only);
-const UD_SEND_ONLY_IMM: Option<Entry> = e(
-    O::SendOnlyWithImmediate,
-    "SEND_ONLY_WITH_IMMEDIATE",
-    &[H::Deth, H::ImmDt],
-    P::UpToMtu,
-    Pos::Only,
-);
+const UD_SEND_ONLY_IMM: Option<Entry> =
+    e(O::SendOnlyWithImmediate, "SEND_ONLY_WITH_IMMEDIATE", &[H::Deth, H::ImmDt], P::UpToMtu, Pos::Only);
 const CNP: Option<Entry> = e(O::Cnp, "CNP", &[H::CnpReserved], P::None, Pos::Only);
 
 const fn lookup(code: u8) -> &'static Option<Entry> {
@@ -446,7 +441,8 @@ mod tests {
         let ud = Opcode::all().filter(|o| o.transport() == Transport::Ud).count();
         let cnp = Opcode::all().filter(|o| o.transport() == Transport::Cnp).count();
         assert_eq!((rc, uc, ud, cnp), (25, 12, 2, 1));
-        for bad in [0x15, 0x18, 0x1B, 0x1E, 0x1F, 0x2C, 0x2C, 0x40, 0x4A, 0x60, 0x66, 0x80, 0xA0, 0xE0, 0xFF] {
+        for bad in [0x15, 0x18, 0x1B, 0x1E, 0x1F, 0x2C, 0x2C, 0x40, 0x4A, 0x60, 0x66, 0x80, 0xA0, 0xE0, 0xFF]
+        {
             assert_eq!(Opcode::new(bad), None, "{bad:#x}");
         }
     }
@@ -485,8 +481,14 @@ mod tests {
     #[test]
     fn positions_and_recv_wqe_consumers() {
         let pos = |c| Opcode::new(c).unwrap().position();
-        assert_eq!([pos(0x00), pos(0x01), pos(0x02), pos(0x04)], [Pos::First, Pos::Middle, Pos::Last, Pos::Only]);
-        assert_eq!([pos(0x0D), pos(0x0E), pos(0x0F), pos(0x10)], [Pos::First, Pos::Middle, Pos::Last, Pos::Only]);
+        assert_eq!(
+            [pos(0x00), pos(0x01), pos(0x02), pos(0x04)],
+            [Pos::First, Pos::Middle, Pos::Last, Pos::Only]
+        );
+        assert_eq!(
+            [pos(0x0D), pos(0x0E), pos(0x0F), pos(0x10)],
+            [Pos::First, Pos::Middle, Pos::Last, Pos::Only]
+        );
         let consumers: Vec<u8> = Opcode::all().filter(|o| o.consumes_recv_wqe()).map(Opcode::code).collect();
         assert_eq!(consumers, [0x00, 0x04, 0x05, 0x09, 0x0B, 0x17, 0x20, 0x24, 0x25, 0x29, 0x2B, 0x64, 0x65]);
     }

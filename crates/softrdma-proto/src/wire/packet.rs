@@ -12,9 +12,9 @@
 //! business).
 
 use super::{
-    check_len, icrc, Aeth, AethRepr, AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, Bth,
-    BthRepr, Cnp, Deth, DethRepr, Error, Feth, FethRepr, HeaderKind, Ieth, IethRepr, ImmDt,
-    ImmDtRepr, Opcode, PayloadRule, Result, Reth, RethRepr,
+    check_len, icrc, Aeth, AethRepr, AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, Bth, BthRepr,
+    Cnp, Deth, DethRepr, Error, Feth, FethRepr, HeaderKind, Ieth, IethRepr, ImmDt, ImmDtRepr, Opcode,
+    PayloadRule, Result, Reth, RethRepr,
 };
 
 /// Length of the invariant CRC that ends every packet.
@@ -287,7 +287,9 @@ impl PacketRepr {
                 HeaderKind::Reth => e.reth.map(|r| r.emit(&mut Reth::new_unchecked(h))),
                 HeaderKind::AtomicEth => e.atomic_eth.map(|r| r.emit(&mut AtomicEth::new_unchecked(h))),
                 HeaderKind::Aeth => e.aeth.map(|r| r.emit(&mut Aeth::new_unchecked(h))),
-                HeaderKind::AtomicAckEth => e.atomic_ack_eth.map(|r| r.emit(&mut AtomicAckEth::new_unchecked(h))),
+                HeaderKind::AtomicAckEth => {
+                    e.atomic_ack_eth.map(|r| r.emit(&mut AtomicAckEth::new_unchecked(h)))
+                }
                 HeaderKind::ImmDt => e.immdt.map(|r| r.emit(&mut ImmDt::new_unchecked(h))),
                 HeaderKind::Ieth => e.ieth.map(|r| r.emit(&mut Ieth::new_unchecked(h))),
                 HeaderKind::CnpReserved => {
@@ -332,8 +334,8 @@ mod tests {
     /// Spec vector V2 as a UDP payload (after the 28 bytes of IPv4 and UDP headers).
     const V2_UDP_PAYLOAD: [u8; 36] = [
         0x24, 0x60, 0xff, 0xff, 0x00, 0x00, 0x00, 0xd3, 0x00, 0xcf, 0x17, 0x10, //
-        0x46, 0x30, 0x81, 0x8b, 0xe2, 0x89, 0x35, 0xd9, 0x0e, 0x9a, 0x95, 0x50, 0x54, 0x01,
-        0xbe, 0x88, 0x5e, 0x50, 0x00, 0x00, //
+        0x46, 0x30, 0x81, 0x8b, 0xe2, 0x89, 0x35, 0xd9, 0x0e, 0x9a, 0x95, 0x50, 0x54, 0x01, 0xbe, 0x88, 0x5e,
+        0x50, 0x00, 0x00, //
         0x78, 0xf3, 0x53, 0xf3,
     ];
 
@@ -414,7 +416,8 @@ mod tests {
 
     #[test]
     fn emit_then_parse_every_opcode() {
-        let encap = icrc::Encap::new("10.0.0.1:49152".parse().unwrap(), "10.0.0.2:4791".parse().unwrap()).unwrap();
+        let encap =
+            icrc::Encap::new("10.0.0.1:49152".parse().unwrap(), "10.0.0.2:4791".parse().unwrap()).unwrap();
         for opcode in Opcode::all() {
             let len = match opcode.payload() {
                 PayloadRule::None => 0,
@@ -427,7 +430,10 @@ mod tests {
             let n = r.emit(&mut buf, &payload, &encap).unwrap();
             assert_eq!(n, r.total_len());
             let p = Packet::new_checked(&buf[..n]).unwrap();
-            assert_eq!(PacketRepr::parse(&p).unwrap(), PacketRepr { bth: BthRepr { pad_count: pad_count(len), ..r.bth }, ..r });
+            assert_eq!(
+                PacketRepr::parse(&p).unwrap(),
+                PacketRepr { bth: BthRepr { pad_count: pad_count(len), ..r.bth }, ..r }
+            );
             assert_eq!(p.payload(), &payload[..]);
             assert!(icrc::verify(&encap, p.as_bytes()), "{opcode}");
         }

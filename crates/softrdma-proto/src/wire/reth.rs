@@ -55,11 +55,7 @@ pub struct RethRepr {
 impl RethRepr {
     /// Reads a RETH.
     pub fn parse<T: AsRef<[u8]>>(h: &Reth<T>) -> Result<RethRepr> {
-        Ok(RethRepr {
-            va: h.va(),
-            rkey: h.rkey(),
-            dma_len: h.dma_len(),
-        })
+        Ok(RethRepr { va: h.va(), rkey: h.rkey(), dma_len: h.dma_len() })
     }
     /// Writes a RETH.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut Reth<T>) {

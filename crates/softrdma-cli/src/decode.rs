@@ -1,0 +1,252 @@
+//! `softrdma decode`: print the RoCEv2 packets in capture files, one line each, with an
+//! ICRC verdict, and a summary.
+//!
+//! Each UDP datagram to port 4791 lands in exactly one bucket: *malformed* (the RoCEv2
+//! headers do not parse), else *icrc-bad* or *icrc-ok* (exact check against the captured
+//! IP header). Every other frame is skipped and counted apart.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Serialize;
+use softrdma_proto::wire::{self, icrc, ip, mad, Packet, PacketRepr, ROCEV2_PORT};
+use softrdma_proto::Qpn;
+
+use crate::capture::{self, L3};
+
+/// Arguments of `softrdma decode`.
+#[derive(Debug, clap::Args)]
+pub struct DecodeArgs {
+    /// pcap or pcapng files.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// One JSON object per line (packets, then a summary) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Counts over all files.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    /// RoCEv2 packets (UDP to port 4791).
+    pub packets: u64,
+    /// Packets whose ICRC matched.
+    pub icrc_ok: u64,
+    /// Packets that parsed but whose ICRC did not match.
+    pub icrc_bad: u64,
+    /// Packets whose RoCEv2 headers did not parse.
+    pub malformed: u64,
+    /// Frames that were not RoCEv2 at all.
+    pub other: u64,
+}
+
+#[derive(Serialize)]
+struct JsonPacket<'a> {
+    file: &'a str,
+    frame: usize,
+    src: SocketAddr,
+    dst: SocketAddr,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    opcode: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    headers: Option<PacketRepr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cm: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    icrc: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    malformed: Option<String>,
+}
+
+/// The outcome of decoding one datagram.
+enum Verdict {
+    Ok,
+    Bad,
+    Malformed(wire::Error),
+}
+
+/// Runs the command; returns the process exit status.
+pub fn run(args: &DecodeArgs) -> i32 {
+    let mut summary = Summary::default();
+    let mut unreadable = false;
+    let many = args.files.len() > 1;
+    let mut out = String::new();
+    for path in &args.files {
+        let name = path.display().to_string();
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("softrdma decode: {name}: {e}");
+                unreadable = true;
+                continue;
+            }
+        };
+        if many && !args.json {
+            println!("==> {name} <==");
+        }
+        let result = capture::for_each_frame(&bytes, |frame| {
+            out.clear();
+            decode_frame(&name, &frame, args.json, &mut summary, &mut out);
+            if !out.is_empty() {
+                println!("{out}");
+            }
+        });
+        if let Err(e) = result {
+            eprintln!("softrdma decode: {name}: {e}");
+            unreadable = true;
+        }
+    }
+    if args.json {
+        #[derive(Serialize)]
+        struct Last {
+            summary: Summary,
+        }
+        println!("{}", serde_json::to_string(&Last { summary }).unwrap_or_default());
+    } else {
+        println!(
+            "{} packets, {} icrc-ok, {} icrc-bad, {} malformed",
+            summary.packets, summary.icrc_ok, summary.icrc_bad, summary.malformed
+        );
+        println!("{} other frames skipped", summary.other);
+    }
+    if unreadable {
+        2
+    } else if summary.icrc_bad + summary.malformed > 0 {
+        1
+    } else {
+        0
+    }
+}
+
+fn decode_frame(file: &str, frame: &capture::Frame<'_>, json: bool, s: &mut Summary, out: &mut String) {
+    let L3::Ip(ip_bytes) = capture::network_layer(frame) else {
+        s.other += 1;
+        return;
+    };
+    let Ok(ip::IpContent::Udp(dgram)) = ip::parse_ip_udp(ip_bytes) else {
+        s.other += 1;
+        return;
+    };
+    if dgram.udp.dst_port != ROCEV2_PORT {
+        s.other += 1;
+        return;
+    }
+    s.packets += 1;
+    let src = SocketAddr::new(dgram.ip.src(), dgram.udp.src_port);
+    let dst = SocketAddr::new(dgram.ip.dst(), dgram.udp.dst_port);
+    let parsed = Packet::new_checked(dgram.payload).and_then(|p| Ok((PacketRepr::parse(&p)?, p)));
+    let verdict = match &parsed {
+        Err(e) => Verdict::Malformed(e.clone()),
+        Ok((_, p)) if icrc::verify(&dgram.encap(), p.as_bytes()) => Verdict::Ok,
+        Ok(_) => Verdict::Bad,
+    };
+    match verdict {
+        Verdict::Ok => s.icrc_ok += 1,
+        Verdict::Bad => s.icrc_bad += 1,
+        Verdict::Malformed(_) => s.malformed += 1,
+    }
+    let cm = parsed.as_ref().ok().and_then(|(_, p)| cm_message(p));
+    if json {
+        let (repr, pkt) = match &parsed {
+            Ok((r, p)) => (Some(*r), Some(p)),
+            Err(_) => (None, None),
+        };
+        let j = JsonPacket {
+            file,
+            frame: frame.number,
+            src,
+            dst,
+            opcode: pkt.map(|p| p.opcode().code()),
+            name: pkt.map(|p| p.opcode().to_string()),
+            headers: repr,
+            cm,
+            icrc: match verdict {
+                Verdict::Ok => Some("ok"),
+                Verdict::Bad => Some("bad"),
+                Verdict::Malformed(_) => None,
+            },
+            malformed: match &verdict {
+                Verdict::Malformed(e) => Some(e.to_string()),
+                _ => None,
+            },
+        };
+        // Serializing plain data into a String cannot fail.
+        out.push_str(&serde_json::to_string(&j).unwrap_or_default());
+        return;
+    }
+    let _ = write!(out, "{:>5} {src} > {dst} ", frame.number);
+    match (&parsed, &verdict) {
+        (Ok((repr, p)), _) => {
+            text_line(out, repr, p);
+            if let Some(m) = cm {
+                let _ = write!(out, " cm={m}");
+            }
+            out.push_str(if matches!(verdict, Verdict::Ok) { " icrc=ok" } else { " icrc=BAD" });
+        }
+        (Err(_), Verdict::Malformed(e)) => {
+            let _ = write!(out, "MALFORMED: {e}");
+        }
+        (Err(_), _) => {}
+    }
+}
+
+/// The CM message type of a MAD on QP1, if this is one.
+fn cm_message(p: &Packet<&[u8]>) -> Option<&'static str> {
+    if p.bth().dest_qp() != Qpn::GSI || p.deth().is_none() {
+        return None;
+    }
+    mad::MadHeader::parse(p.payload()).ok()?.cm_message()
+}
+
+fn text_line(out: &mut String, r: &PacketRepr, p: &Packet<&[u8]>) {
+    let b = &r.bth;
+    let _ = write!(out, "{} qpn={} psn={} ack={}", b.opcode, b.dest_qp, b.psn, u8::from(b.ack_req));
+    if b.solicited {
+        out.push_str(" se=1");
+    }
+    if b.mig_req {
+        out.push_str(" m=1");
+    }
+    if b.fecn || b.becn {
+        let _ = write!(out, " fecn={} becn={}", u8::from(b.fecn), u8::from(b.becn));
+    }
+    if b.pkey != wire::DEFAULT_PKEY {
+        let _ = write!(out, " pkey={:#06x}", b.pkey);
+    }
+    let e = &r.ext;
+    if let Some(h) = e.deth {
+        let _ = write!(out, " qkey={} src_qp={}", h.qkey, h.src_qp);
+    }
+    if let Some(h) = e.feth {
+        let _ = write!(out, " placement={} selectivity={}", h.placement_type, h.selectivity);
+    }
+    if let Some(h) = e.reth {
+        let _ = write!(out, " va={:#x} rkey={} dma_len={}", h.va, h.rkey, h.dma_len);
+    }
+    if let Some(h) = e.atomic_eth {
+        let _ = write!(
+            out,
+            " va={:#x} rkey={} swap_add={:#x} compare={:#x}",
+            h.va, h.rkey, h.swap_add, h.compare
+        );
+    }
+    if let Some(h) = e.aeth {
+        let _ = write!(out, " aeth={} msn={}", h.syndrome, h.msn);
+    }
+    if let Some(h) = e.atomic_ack_eth {
+        let _ = write!(out, " orig={:#x}", h.orig);
+    }
+    if let Some(h) = e.immdt {
+        let _ = write!(out, " imm={:#010x}", h.value);
+    }
+    if let Some(h) = e.ieth {
+        let _ = write!(out, " inv_rkey={}", h.rkey);
+    }
+    let _ = write!(out, " len={}", p.payload().len());
+    if p.pad_count() != 0 {
+        let _ = write!(out, " pad={}", p.pad_count());
+    }
+}
