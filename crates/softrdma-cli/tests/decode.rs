@@ -1,0 +1,207 @@
+//! `softrdma decode` run as a process on real rxe captures, on the same packets in other
+//! link layers and file formats, and on broken input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn pcaps(dir: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root().join(dir))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pcap"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn decode(args: &[&Path], json: bool) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_softrdma"));
+    cmd.arg("decode");
+    if json {
+        cmd.arg("--json");
+    }
+    cmd.args(args).output().expect("run softrdma")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn summary(o: &Output) -> (String, String) {
+    let out = stdout(o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines.len() >= 2, "output too short: {out}");
+    (lines[lines.len() - 2].to_string(), lines[lines.len() - 1].to_string())
+}
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("softrdma-decode-{}-{name}", std::process::id()))
+}
+
+#[test]
+fn every_rxe_capture_decodes_clean() {
+    let files = pcaps("testdata/rxe");
+    let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let o = decode(&refs, false);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let (s, other) = summary(&o);
+    assert_eq!(s, "3038 packets, 3038 icrc-ok, 0 icrc-bad, 0 malformed");
+    assert_eq!(other, "525 other frames skipped");
+    let out = stdout(&o);
+    for needle in [
+        "RC RDMA_WRITE_FIRST",
+        "dma_len=10000",
+        "RC RDMA_READ_RESPONSE_MIDDLE",
+        "RC COMPARE_SWAP",
+        "orig=0x",
+        "imm=0x1234abcd",
+        "UD SEND_ONLY_WITH_IMMEDIATE",
+        "UC SEND_FIRST",
+        "cm=REQ",
+        "cm=DREP",
+        "cm=SIDR_REQ",
+        "qkey=0x80010000 src_qp=0x000001",
+        "aeth=ACK msn=",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?}");
+    }
+}
+
+#[test]
+fn ipv6_rxe_captures_decode_clean() {
+    let files = pcaps("testdata/rxe-ipv6");
+    let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let o = decode(&refs, false);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(summary(&o).0, "681 packets, 681 icrc-ok, 0 icrc-bad, 0 malformed");
+    assert!(stdout(&o).contains("[fe80::5054:ff:fe77:a]:"));
+}
+
+#[test]
+fn garbage_is_malformed_and_exit_status_is_1() {
+    let o = decode(&[&root().join("testdata/rxe-misc/host_udp_reach.pcap")], false);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        summary(&o),
+        ("6 packets, 2 icrc-ok, 0 icrc-bad, 4 malformed".into(), "8 other frames skipped".into())
+    );
+    assert_eq!(stdout(&o).matches("MALFORMED: unknown or unsupported opcode 0x68").count(), 4);
+}
+
+#[test]
+fn one_flipped_byte_is_icrc_bad() {
+    let mut bytes = std::fs::read(root().join("testdata/rxe/rc_pingpong.pcap")).unwrap();
+    // Find the first RoCE payload by its UDP destination port and flip a payload byte.
+    let at = bytes.windows(2).position(|w| w == [0x12, 0xb7]).unwrap() + 2 + 4 + 12 + 8;
+    bytes[at] ^= 0x40;
+    let path = tmp("flipped.pcap");
+    std::fs::write(&path, &bytes).unwrap();
+    let o = decode(&[&path], false);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(summary(&o).0, "50 packets, 49 icrc-ok, 1 icrc-bad, 0 malformed");
+    assert!(stdout(&o).contains("icrc=BAD"));
+}
+
+#[test]
+fn json_lines_agree_with_text() {
+    let file = root().join("testdata/rxe/imm_send_write.pcap");
+    let o = decode(&[&file], true);
+    assert_eq!(o.status.code(), Some(0));
+    let lines: Vec<serde_json::Value> =
+        stdout(&o).lines().map(|l| serde_json::from_str(l).expect("each line is JSON")).collect();
+    let (last, packets) = lines.split_last().unwrap();
+    assert_eq!(packets.len(), 21);
+    assert_eq!(last["summary"]["packets"], 21);
+    assert_eq!(last["summary"]["icrc_ok"], 21);
+    assert!(packets.iter().all(|p| p["icrc"] == "ok"));
+    let imm = packets.iter().find(|p| p["name"] == "RC SEND_ONLY_WITH_IMMEDIATE").unwrap();
+    assert_eq!(imm["opcode"], 5);
+    assert_eq!(imm["headers"]["ext"]["immdt"]["value"], 0x1234_abcd);
+    assert!(packets.iter().any(|p| p["cm"] == "REQ"));
+}
+
+#[test]
+fn pcapng_gives_the_same_packets() {
+    for (ng, pcap) in [("rping.pcapng", "rxe/rping.pcap"), ("rping_ipv6.pcapng", "rxe-ipv6/rping_ipv6.pcap")]
+    {
+        let a = decode(&[&root().join("testdata/formats").join(ng)], false);
+        let b = decode(&[&root().join("testdata").join(pcap)], false);
+        assert_eq!(a.status.code(), Some(0));
+        assert_eq!(stdout(&a), stdout(&b), "{ng}");
+    }
+}
+
+/// Rewrites an Ethernet pcap with another link layer in front of each IP packet.
+fn relink(src: &Path, linktype: u32, header: impl Fn(u16) -> Vec<u8>) -> Vec<u8> {
+    let bytes = std::fs::read(src).unwrap();
+    let mut out = bytes[..24].to_vec();
+    out[20..24].copy_from_slice(&linktype.to_le_bytes());
+    let mut at = 24;
+    while at + 16 <= bytes.len() {
+        let caplen = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+        let frame = &bytes[at + 16..at + 16 + caplen];
+        let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
+        let mut rec = header(ethertype);
+        rec.extend_from_slice(&frame[14..]);
+        out.extend_from_slice(&bytes[at..at + 8]);
+        out.extend_from_slice(&(rec.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(rec.len() as u32).to_le_bytes());
+        out.extend_from_slice(&rec);
+        at += 16 + caplen;
+    }
+    out
+}
+
+#[test]
+fn linux_cooked_and_raw_ip_link_layers() {
+    let src = root().join("testdata/rxe/udaddy.pcap");
+    let reference = summary(&decode(&[&src], false)).0;
+    let sll = |t: u16| {
+        let mut h = vec![0u8; 14];
+        h.extend_from_slice(&t.to_be_bytes());
+        h
+    };
+    let sll2 = |t: u16| {
+        let mut h = t.to_be_bytes().to_vec();
+        h.extend_from_slice(&[0u8; 18]);
+        h
+    };
+    let raw = |_t: u16| Vec::new();
+    let variants: [(&str, u32, &dyn Fn(u16) -> Vec<u8>); 3] =
+        [("sll", 113, &sll), ("sll2", 276, &sll2), ("raw", 101, &raw)];
+    for (name, lt, f) in variants {
+        let path = tmp(&format!("{name}.pcap"));
+        std::fs::write(&path, relink(&src, lt, f)).unwrap();
+        let o = decode(&[&path], false);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(o.status.code(), Some(0), "{name}");
+        assert_eq!(summary(&o).0, reference, "{name}");
+    }
+}
+
+#[test]
+fn unreadable_files_exit_2_with_a_clear_message() {
+    let good = std::fs::read(root().join("testdata/rxe/rping.pcap")).unwrap();
+    let cases: [(&str, Vec<u8>, &str); 3] = [
+        ("truncated.pcap", good[..good.len() - 7].to_vec(), "truncated"),
+        ("garbage.pcap", b"this is not a capture file at all".to_vec(), "not a pcap or pcapng file"),
+        ("empty.pcap", Vec::new(), "not a pcap or pcapng file"),
+    ];
+    for (name, bytes, msg) in cases {
+        let path = tmp(name);
+        std::fs::write(&path, bytes).unwrap();
+        let o = decode(&[&path], false);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(o.status.code(), Some(2), "{name}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(msg), "{name}: {err}");
+    }
+    let o = decode(&[Path::new("/nonexistent/capture.pcap")], false);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("No such file"));
+}
