@@ -157,6 +157,9 @@ fn relink(src: &Path, linktype: u32, header: impl Fn(u16) -> Vec<u8>) -> Vec<u8>
     out
 }
 
+/// Makes a link-layer header for a given ethertype.
+type LinkHeader = dyn Fn(u16) -> Vec<u8>;
+
 #[test]
 fn linux_cooked_and_raw_ip_link_layers() {
     let src = root().join("testdata/rxe/udaddy.pcap");
@@ -172,8 +175,7 @@ fn linux_cooked_and_raw_ip_link_layers() {
         h
     };
     let raw = |_t: u16| Vec::new();
-    let variants: [(&str, u32, &dyn Fn(u16) -> Vec<u8>); 3] =
-        [("sll", 113, &sll), ("sll2", 276, &sll2), ("raw", 101, &raw)];
+    let variants: [(&str, u32, &LinkHeader); 3] = [("sll", 113, &sll), ("sll2", 276, &sll2), ("raw", 101, &raw)];
     for (name, lt, f) in variants {
         let path = tmp(&format!("{name}.pcap"));
         std::fs::write(&path, relink(&src, lt, f)).unwrap();
