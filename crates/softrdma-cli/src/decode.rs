@@ -126,9 +126,25 @@ fn decode_frame(file: &str, frame: &capture::Frame<'_>, json: bool, s: &mut Summ
         s.other += 1;
         return;
     };
-    let Ok(ip::IpContent::Udp(dgram)) = ip::parse_ip_udp(ip_bytes) else {
-        s.other += 1;
-        return;
+    let dgram = match ip::parse_ip_udp(ip_bytes) {
+        Ok(ip::IpContent::Udp(d)) => d,
+        Err(wire::Error::Truncated { .. }) if cut_short_roce(ip_bytes) => {
+            // The capture kept only part of a RoCEv2 packet (snap length): it cannot be
+            // checked, and skipping it silently would hide it.
+            s.packets += 1;
+            s.malformed += 1;
+            if json {
+                let j = serde_json::json!({ "file": file, "frame": frame.number, "malformed": SNAPPED });
+                out.push_str(&j.to_string());
+            } else {
+                let _ = write!(out, "{:>5} MALFORMED: {SNAPPED}", frame.number);
+            }
+            return;
+        }
+        _ => {
+            s.other += 1;
+            return;
+        }
     };
     if dgram.udp.dst_port != ROCEV2_PORT {
         s.other += 1;
@@ -191,6 +207,18 @@ fn decode_frame(file: &str, frame: &capture::Frame<'_>, json: bool, s: &mut Summ
         }
         (Err(_), _) => {}
     }
+}
+
+const SNAPPED: &str = "RoCEv2 packet cut short by the capture (snap length)";
+
+/// Whether a truncated IP packet is visibly a UDP datagram to the RoCEv2 port.
+fn cut_short_roce(b: &[u8]) -> bool {
+    let port_at = match b.first().map(|v| v >> 4) {
+        Some(4) if b.len() >= 20 && b[9] == ip::PROTO_UDP => usize::from(b[0] & 0xF) * 4 + 2,
+        Some(6) if b.len() >= 40 && b[6] == ip::PROTO_UDP => 42,
+        _ => return false,
+    };
+    b.get(port_at..port_at + 2) == Some(&ROCEV2_PORT.to_be_bytes()[..])
 }
 
 /// The CM message type of a MAD on QP1, if this is one.

@@ -175,7 +175,8 @@ fn linux_cooked_and_raw_ip_link_layers() {
         h
     };
     let raw = |_t: u16| Vec::new();
-    let variants: [(&str, u32, &LinkHeader); 3] = [("sll", 113, &sll), ("sll2", 276, &sll2), ("raw", 101, &raw)];
+    let variants: [(&str, u32, &LinkHeader); 3] =
+        [("sll", 113, &sll), ("sll2", 276, &sll2), ("raw", 101, &raw)];
     for (name, lt, f) in variants {
         let path = tmp(&format!("{name}.pcap"));
         std::fs::write(&path, relink(&src, lt, f)).unwrap();
@@ -206,4 +207,29 @@ fn unreadable_files_exit_2_with_a_clear_message() {
     let o = decode(&[Path::new("/nonexistent/capture.pcap")], false);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("No such file"));
+}
+
+#[test]
+fn packets_cut_by_the_snap_length_are_malformed_not_skipped() {
+    // Rewrite every record of a capture to keep only its first 100 bytes.
+    let bytes = std::fs::read(root().join("testdata/rxe/rdma_server_client.pcap")).unwrap();
+    let mut out = bytes[..24].to_vec();
+    let mut at = 24;
+    while at + 16 <= bytes.len() {
+        let caplen = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+        let keep = caplen.min(100);
+        out.extend_from_slice(&bytes[at..at + 8]);
+        out.extend_from_slice(&(keep as u32).to_le_bytes());
+        out.extend_from_slice(&bytes[at + 12..at + 16]);
+        out.extend_from_slice(&bytes[at + 16..at + 16 + keep]);
+        at += 16 + caplen;
+    }
+    let path = tmp("snapped.pcap");
+    std::fs::write(&path, out).unwrap();
+    let o = decode(&[&path], false);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    // The five 298-byte CM MADs lose their tail; the four short RC packets survive intact.
+    assert_eq!(summary(&o).0, "9 packets, 4 icrc-ok, 0 icrc-bad, 5 malformed");
+    assert!(stdout(&o).contains("cut short by the capture"));
 }
