@@ -53,7 +53,8 @@ fn main() {
         let covered = vec![0x5Au8; 36 + pkt.len() - 4];
         let base = time(|| u64::from(crc32fast::hash(black_box(&covered))));
         let exact = time(|| u64::from(icrc::verify(&encap, black_box(&pkt))));
-        let solve = time(|| icrc::solve_ipv4_ident(src, dst, black_box(&pkt)).map_or(0, |i| u64::from(i.ident)));
+        let solve =
+            time(|| icrc::solve_ipv4_ident(src, dst, black_box(&pkt)).map_or(0, |i| u64::from(i.ident)));
         println!(
             "| {payload_len} B | {base:.0} ns | {exact:.0} ns | {:.2} | {solve:.0} ns | {:.2} |",
             exact / base,
