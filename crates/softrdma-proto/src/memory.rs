@@ -1,0 +1,158 @@
+//! The narrow interface through which the transport reaches registered memory.
+//!
+//! Queue pairs never hold a pointer or a slice of user memory. Every access names a region
+//! by key and an address range, and the implementation checks the key, the protection
+//! domain, the access rights and the bounds before it copies a byte. The runtime implements
+//! this over real registered buffers (with the volatile-copy contract remote-writable memory
+//! needs); the simulator implements it over plain vectors.
+
+use core::fmt;
+use core::ops::BitOr;
+
+use crate::{Lkey, Rkey};
+
+/// Access rights of a memory region (`ibv_access_flags`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u32);
+
+impl Access {
+    /// No rights beyond local read, which every region has.
+    pub const NONE: Access = Access(0);
+    /// The local HCA may write: receive buffers, READ destinations, atomic results.
+    pub const LOCAL_WRITE: Access = Access(0x01);
+    /// Peers may RDMA WRITE.
+    pub const REMOTE_WRITE: Access = Access(0x02);
+    /// Peers may RDMA READ.
+    pub const REMOTE_READ: Access = Access(0x04);
+    /// Peers may run atomics.
+    pub const REMOTE_ATOMIC: Access = Access(0x08);
+
+    /// The raw `ibv_access_flags` bits.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+    /// From raw bits; unknown bits are kept.
+    pub const fn from_bits(bits: u32) -> Access {
+        Access(bits)
+    }
+    /// Whether every right in `other` is in `self`.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names =
+            [(0x01, "LOCAL_WRITE"), (0x02, "REMOTE_WRITE"), (0x04, "REMOTE_READ"), (0x08, "REMOTE_ATOMIC")];
+        let set: Vec<&str> = names.iter().filter(|(b, _)| self.0 & b != 0).map(|(_, n)| *n).collect();
+        write!(f, "Access({})", if set.is_empty() { "NONE".to_string() } else { set.join("|") })
+    }
+}
+
+/// A protection domain, by number. Keys only work within their own domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct PdId(pub u32);
+
+/// A key naming a region: an lkey in local work requests, an rkey in remote ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemKey {
+    /// Local key, from a scatter/gather entry.
+    Local(Lkey),
+    /// Remote key, from a RETH or AtomicETH.
+    Remote(Rkey),
+}
+
+/// Why an access was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MemError {
+    /// No region has this key (never had, or deregistered).
+    #[error("no memory region with this key")]
+    BadKey,
+    /// The region belongs to another protection domain.
+    #[error("memory region belongs to another protection domain")]
+    WrongPd,
+    /// The region does not grant the access asked for.
+    #[error("memory region does not grant this access")]
+    NoAccess,
+    /// The range is not inside the region.
+    #[error("range outside the memory region")]
+    OutOfBounds,
+    /// An atomic target is not 8-byte aligned.
+    #[error("atomic target not 8-byte aligned")]
+    Misaligned,
+}
+
+/// An atomic operation on one native-endian u64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AtomicOp {
+    /// If the value equals `compare`, store `swap`.
+    CompareSwap {
+        /// Value expected at the target.
+        compare: u64,
+        /// Value stored on a match.
+        swap: u64,
+    },
+    /// Add `add`, wrapping.
+    FetchAdd {
+        /// Addend.
+        add: u64,
+    },
+}
+
+/// A contiguous range of registered memory: what a packet's payload is gathered from or
+/// scattered to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Segment {
+    /// The region.
+    pub key: MemKey,
+    /// Start address (in the region's address space).
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+/// Registered memory as the transport sees it.
+///
+/// Every method validates the key against `pd`, the rights and the bounds itself; a
+/// failure leaves memory untouched. `len == 0` ranges are always valid for a valid key.
+pub trait Memory {
+    /// Checks that `[addr, addr + len)` is inside the region `key` of domain `pd` and that
+    /// the region grants `access`.
+    fn check(&self, pd: PdId, key: MemKey, addr: u64, len: u64, access: Access) -> Result<(), MemError>;
+
+    /// Calls `f` with the bytes of `seg`, in order, in one or more pieces (the ICRC and the
+    /// gather of a send read memory this way, without copying it out first).
+    fn gather(&self, pd: PdId, seg: &Segment, f: &mut dyn FnMut(&[u8])) -> Result<(), MemError>;
+
+    /// Copies `data` to `addr` in region `key`, which must grant `access`.
+    fn write(
+        &mut self,
+        pd: PdId,
+        key: MemKey,
+        addr: u64,
+        data: &[u8],
+        access: Access,
+    ) -> Result<(), MemError>;
+
+    /// Runs an atomic on the 8-byte-aligned u64 at `addr` and returns the previous value.
+    fn atomic(&mut self, pd: PdId, key: MemKey, addr: u64, op: AtomicOp) -> Result<u64, MemError>;
+
+    /// Invalidates the remote key `rkey` of domain `pd` (SEND_WITH_INVALIDATE): from now on
+    /// it names nothing.
+    fn invalidate(&mut self, pd: PdId, rkey: Rkey) -> Result<(), MemError>;
+}
+
+/// Reads a segment into a vector (tests and small copies).
+pub fn read_segment<M: Memory + ?Sized>(mem: &M, pd: PdId, seg: &Segment) -> Result<Vec<u8>, MemError> {
+    let mut v = Vec::with_capacity(seg.len as usize);
+    mem.gather(pd, seg, &mut |b| v.extend_from_slice(b))?;
+    Ok(v)
+}

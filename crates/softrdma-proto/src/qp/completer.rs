@@ -1,0 +1,212 @@
+//! The RC completer: ACKs, NAKs, READ responses and atomic ACKs, turned into completions in
+//! SQ order, retries and error states.
+
+use std::time::Duration;
+
+use super::{scatter, QueuePair, SendOp, WcStatus};
+use crate::memory::Memory;
+use crate::wire::{rnr_timer_us, AethSyndrome, NakCode, Operation, Packet, PayloadRule};
+use crate::Psn;
+
+impl QueuePair {
+    pub(super) fn handle_response(&mut self, now: Duration, pkt: &Packet<&[u8]>, mem: &mut dyn Memory) {
+        if self.cfg.qp_type != super::QpType::Rc {
+            self.stats.dropped += 1;
+            return;
+        }
+        let psn = pkt.bth().psn();
+        // A response can only be for something sent and not yet acknowledged.
+        if psn.distance(self.req.next_psn - 1) > 0 || psn.distance(self.req.acked_psn) <= 0 {
+            self.stats.dropped += 1;
+            return;
+        }
+        let syndrome = pkt.aeth().map(|a| AethSyndrome::from_byte(a.syndrome_raw()));
+        match pkt.opcode().operation() {
+            Operation::Acknowledge => match syndrome {
+                Some(Ok(AethSyndrome::Ack { .. })) => {
+                    self.on_ack(now, psn);
+                }
+                Some(Ok(AethSyndrome::Nak(NakCode::PsnSequenceError))) => {
+                    self.stats.seq_naks_received += 1;
+                    if !self.on_ack(now, psn - 1) && self.req.go_back_guard != Some(psn) {
+                        self.req.go_back_guard = Some(psn);
+                        self.go_back(psn);
+                    }
+                }
+                Some(Ok(AethSyndrome::RnrNak { timer })) => {
+                    self.stats.rnr_naks_received += 1;
+                    if self.on_ack(now, psn - 1) {
+                        return;
+                    }
+                    if self.req.rnr_left == 0 {
+                        self.fail_front(WcStatus::RnrRetryExcErr);
+                        return;
+                    }
+                    if self.rnr_retry != 7 {
+                        self.req.rnr_left -= 1;
+                    }
+                    self.go_back(psn);
+                    self.req.ack_deadline = None;
+                    self.req.rnr_until = Some(now + Duration::from_micros(u64::from(rnr_timer_us(timer))));
+                }
+                Some(Ok(AethSyndrome::Nak(code))) => {
+                    self.on_ack(now, psn - 1);
+                    let status = match code {
+                        NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                        NakCode::InvalidRdRequest => WcStatus::RemInvRdReqErr,
+                        _ => WcStatus::RemOpErr,
+                    };
+                    self.fail_front(status);
+                }
+                _ => self.fail_front(WcStatus::BadRespErr),
+            },
+            Operation::AtomicAcknowledge => {
+                self.ack_before(psn);
+                let Some(w) = self.sq.front() else { return };
+                if !w.op.is_atomic() || w.first_psn != psn || w.npsn == 0 {
+                    self.stats.dropped += 1;
+                    return;
+                }
+                let orig = pkt.atomic_ack_eth().map_or(0, |h| h.orig());
+                let sgl = w.sgl.clone();
+                if scatter(mem, self.cfg.pd, &sgl, 0, &orig.to_ne_bytes()).is_err() {
+                    self.fail_front(WcStatus::LocProtErr);
+                    return;
+                }
+                self.req.acked_psn = psn;
+                self.complete_front(WcStatus::Success);
+                self.progress(now);
+            }
+            _ => self.on_read_response(now, pkt, psn, syndrome, mem),
+        }
+    }
+
+    /// Completes the SENDs and WRITEs that end before `psn`: a response for `psn` implies
+    /// every earlier request was received.
+    fn ack_before(&mut self, psn: Psn) {
+        let mut any = false;
+        while let Some(w) = self.sq.front() {
+            let sent = self.req.send_idx > 0;
+            if !sent || w.npsn == 0 || w.op.is_read_or_atomic() || w.last_psn().distance(psn) >= 0 {
+                break;
+            }
+            self.req.acked_psn = w.last_psn();
+            self.complete_front(WcStatus::Success);
+            any = true;
+        }
+        if any {
+            self.req.go_back_guard = None;
+        }
+    }
+
+    /// Handles a cumulative ACK of every PSN up to `p`. Returns true if it found a READ or
+    /// atomic whose response must have been lost, and went back to it.
+    fn on_ack(&mut self, now: Duration, p: Psn) -> bool {
+        if p.distance(self.req.acked_psn) <= 0 {
+            return false;
+        }
+        let pmtu = self.mtu.bytes();
+        let mut went_back = false;
+        while let Some(w) = self.sq.front() {
+            if self.req.send_idx == 0 || w.npsn == 0 {
+                break;
+            }
+            if w.op.is_read_or_atomic() {
+                if p.distance(w.first_psn) >= 0 {
+                    // The peer acknowledged past a READ or atomic we have no answer for.
+                    let resume = w.first_psn + w.read_done / pmtu;
+                    self.req.acked_psn = resume - 1;
+                    if self.req.go_back_guard != Some(resume) {
+                        self.req.go_back_guard = Some(resume);
+                        self.go_back(resume);
+                    }
+                    went_back = true;
+                }
+                break;
+            }
+            if w.last_psn().distance(p) > 0 {
+                break;
+            }
+            self.complete_front(WcStatus::Success);
+        }
+        if !went_back {
+            // Partial progress inside a multi-packet message counts too.
+            if p.distance(self.req.acked_psn) > 0 {
+                self.req.acked_psn = p;
+            }
+            self.req.go_back_guard = None;
+        }
+        self.progress(now);
+        went_back
+    }
+
+    /// Something was acknowledged: reset the retry budgets and the timer.
+    fn progress(&mut self, now: Duration) {
+        self.req.retry_left = self.retry_cnt;
+        self.req.rnr_left = self.rnr_retry;
+        self.rearm_ack_timer(now);
+    }
+
+    fn on_read_response(
+        &mut self,
+        now: Duration,
+        pkt: &Packet<&[u8]>,
+        psn: Psn,
+        syndrome: Option<Result<AethSyndrome, crate::wire::Error>>,
+        mem: &mut dyn Memory,
+    ) {
+        if matches!(syndrome, Some(Ok(AethSyndrome::Nak(_) | AethSyndrome::RnrNak { .. }) | Err(_))) {
+            self.fail_front(WcStatus::BadRespErr);
+            return;
+        }
+        self.ack_before(psn);
+        let pmtu = self.mtu.bytes();
+        let Some(w) = self.sq.front() else { return };
+        if !matches!(w.op, SendOp::Read { .. }) || w.npsn == 0 || !w.contains(psn) || self.req.send_idx == 0 {
+            self.stats.dropped += 1;
+            return;
+        }
+        let expected = w.first_psn + w.read_done / pmtu;
+        let d = psn.distance(expected);
+        if d < 0 {
+            self.stats.dropped += 1;
+            return;
+        }
+        if d > 0 {
+            // Responses were lost: ask again for the missing tail.
+            if self.req.go_back_guard != Some(expected) {
+                self.req.go_back_guard = Some(expected);
+                self.go_back(expected);
+            }
+            return;
+        }
+        let data = pkt.payload();
+        let len = data.len() as u32;
+        let remaining = w.len - w.read_done;
+        let fits = match pkt.opcode().payload() {
+            PayloadRule::Full => len == pmtu && len < remaining,
+            PayloadRule::NonEmpty | PayloadRule::UpToMtu => len <= pmtu && len == remaining,
+            _ => false,
+        };
+        if !fits {
+            self.fail_front(WcStatus::BadRespErr);
+            return;
+        }
+        let sgl = w.sgl.clone();
+        let offset = u64::from(w.read_done);
+        if scatter(mem, self.cfg.pd, &sgl, offset, data).is_err() {
+            self.fail_front(WcStatus::LocProtErr);
+            return;
+        }
+        let w = &mut self.sq[0];
+        w.read_done += len;
+        let finished = w.read_done == w.len;
+        self.req.acked_psn = psn;
+        self.req.go_back_guard = None;
+        if finished {
+            self.complete_front(WcStatus::Success);
+        }
+        self.progress(now);
+    }
+}

@@ -1,0 +1,690 @@
+//! Queue pairs: the RC, UC and UD transport as a sans-IO state machine.
+//!
+//! A [`QueuePair`] takes events — work requests posted, packets received, the current
+//! time — and yields packets to transmit, work completions and its next deadline. It
+//! never reads a clock, owns no socket and reaches memory only through
+//! [`crate::memory::Memory`]. A transmitted packet is described, not copied: the headers
+//! are written into the caller's buffer and the payload is a list of memory segments, with
+//! the ICRC already computed over all the pieces, so that a runtime can gather straight
+//! from registered memory.
+//!
+//! The three roles of an RC QP live in their own files: [`requester`] turns send WQEs into
+//! request packets and retransmits; [`completer`] handles ACKs, NAKs and responses and
+//! completes send WQEs in order; [`responder`] checks and executes incoming requests and
+//! answers them.
+//!
+//! Where the IBTA and Linux rxe differ, the wire follows rxe (accept what it sends, never
+//! send what it drops) and local semantics follow the IBTA and hardware NICs:
+//! - `retry_cnt = 7` means seven retries (rxe: infinite); `rnr_retry = 7` is infinite.
+//! - A SEND larger than the receive buffer is NAKed *Invalid Request* (IBTA; the requester
+//!   completes with REM_INV_REQ_ERR) and the receive completes with LOC_LEN_ERR; rxe NAKs
+//!   *Remote Operational Error*. Both NAKs are accepted on receive.
+//! - A fence waits for earlier READs and atomics only (IBTA; rxe waits for every WR).
+//! - Sequence NAKs are not charged to `retry_cnt` (unspecified; rxe charges them).
+//! - A UD send larger than the path MTU is refused at post time (rxe silently drops it and
+//!   completes with success).
+
+mod attr;
+mod completer;
+mod requester;
+mod responder;
+mod wr;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub use attr::{ModifyError, Mtu, QpAttr, QpState, QpType};
+pub use wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
+
+use crate::memory::{Access, Memory, PdId, Segment};
+use crate::wire::{icrc, Packet, PacketRepr, ICRC_LEN};
+use crate::{Psn, Qkey, Qpn};
+
+/// Largest message softrdma sends or accepts (as current rxe): 2^31 bytes.
+pub const MAX_MESSAGE: u64 = 1 << 31;
+
+/// Outstanding READs and atomics a QP may be given (rxe's `max_qp_rd_atom`).
+pub const MAX_RD_ATOMIC: u8 = 128;
+
+/// Unacknowledged PSNs a requester allows in flight (rxe's limit is 128).
+pub const MAX_INFLIGHT_PSNS: u32 = 128;
+
+/// How many work requests and scatter entries a QP holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per send WR.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries per receive WR.
+    pub max_recv_sge: u32,
+    /// Largest inline send.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> QpCaps {
+        QpCaps {
+            max_send_wr: 1024,
+            max_recv_wr: 1024,
+            max_send_sge: 32,
+            max_recv_sge: 32,
+            max_inline_data: 512,
+        }
+    }
+}
+
+/// What a QP is created with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Transport service.
+    pub qp_type: QpType,
+    /// Protection domain: the QP reaches only memory of this domain.
+    pub pd: PdId,
+    /// The local address packets leave from (IP and UDP port); the ICRC covers it.
+    pub local: SocketAddr,
+    /// Queue sizes.
+    pub caps: QpCaps,
+    /// Every send WR is signaled.
+    pub sq_sig_all: bool,
+}
+
+/// Why a post was refused; nothing was queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PostError {
+    /// The QP's state does not accept this kind of WR.
+    #[error("QP in state {0:?} does not accept this work request")]
+    InvalidState(QpState),
+    /// The queue is full.
+    #[error("queue full")]
+    QueueFull,
+    /// More scatter/gather entries than the QP's capability.
+    #[error("too many scatter/gather entries")]
+    TooManySge,
+    /// Inline data longer than the QP's capability.
+    #[error("inline data too long")]
+    InlineTooLong,
+    /// The message is longer than the transport allows (2^31, or the MTU on UD).
+    #[error("message too long")]
+    MessageTooLong,
+    /// The operation does not exist on this QP type, or a UD destination is missing or
+    /// given to a connected QP.
+    #[error("operation not supported on this QP type")]
+    Unsupported,
+    /// An atomic needs one 8-byte local buffer for the result.
+    #[error("an atomic needs a scatter list of at least 8 bytes")]
+    AtomicBuffer,
+    /// An inline WR's data could not be read.
+    #[error("inline data is not readable registered memory")]
+    InlineFault,
+}
+
+/// A packet ready to go: headers in the caller's buffer, payload in registered memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination address (port 4791 unless configured otherwise).
+    pub dst: SocketAddr,
+    /// Bytes at the start of the caller's buffer: BTH, extension headers and any inline
+    /// payload.
+    pub head_len: usize,
+    /// Payload to gather from memory, in order, after the head.
+    pub payload: Vec<Segment>,
+    /// The protection domain the segments belong to.
+    pub pd: PdId,
+    /// Pad bytes and ICRC, to append after the payload.
+    pub tail: [u8; 7],
+    /// Used length of `tail`.
+    pub tail_len: usize,
+}
+
+impl Transmit {
+    /// Length of the whole UDP payload.
+    pub fn len(&self) -> usize {
+        self.head_len + self.payload.iter().map(|s| s.len as usize).sum::<usize>() + self.tail_len
+    }
+    /// Never true: a packet has at least a BTH.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+    /// Assembles the datagram into a vector (simulator and tests; a runtime gathers with
+    /// iovecs instead).
+    pub fn assemble(&self, head: &[u8], mem: &dyn Memory) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len());
+        v.extend_from_slice(&head[..self.head_len]);
+        for seg in &self.payload {
+            // The segments were readable when the ICRC was computed a moment ago; if the
+            // region vanished since, the bytes are missing and the receiver's ICRC check
+            // drops the packet, as it would any damaged one.
+            let _ = mem.gather(self.pd, seg, &mut |b| v.extend_from_slice(b));
+        }
+        v.extend_from_slice(&self.tail[..self.tail_len]);
+        v
+    }
+}
+
+/// Counters of what a QP dropped or retried, for tools and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpStats {
+    /// Request packets sent, retransmissions included.
+    pub packets_sent: u64,
+    /// Packets resent by go-back-N.
+    pub retransmits: u64,
+    /// Local ACK timeouts.
+    pub timeouts: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// Sequence NAKs received.
+    pub seq_naks_received: u64,
+    /// Duplicate requests seen by the responder.
+    pub duplicates: u64,
+    /// Packets dropped for a bad state, address, Q_Key or out-of-window PSN.
+    pub dropped: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// Sequence NAKs sent.
+    pub seq_naks_sent: u64,
+}
+
+struct SendWqe {
+    wr_id: u64,
+    op: SendOp,
+    sgl: Vec<Sge>,
+    inline: Option<Vec<u8>>,
+    signaled: bool,
+    solicited: bool,
+    fence: bool,
+    ud: Option<UdDest>,
+    len: u32,
+    /// First PSN, set when the first packet goes out.
+    first_psn: Psn,
+    /// PSNs the message uses (packets, or a READ's responses); 0 until first sent.
+    npsn: u32,
+    /// READ: response bytes received so far.
+    read_done: u32,
+    /// Completed, waiting for the WQEs before it.
+    done: Option<WcStatus>,
+}
+
+impl SendWqe {
+    fn last_psn(&self) -> Psn {
+        self.first_psn + (self.npsn - 1)
+    }
+    fn contains(&self, psn: Psn) -> bool {
+        let d = psn.distance(self.first_psn);
+        d >= 0 && (d as u32) < self.npsn
+    }
+}
+
+struct RecvWqe {
+    wr_id: u64,
+    sgl: Vec<Sge>,
+    len: u64,
+}
+
+/// A queue pair.
+pub struct QueuePair {
+    qpn: Qpn,
+    cfg: QpConfig,
+    state: QpState,
+    access: Access,
+    qkey: Qkey,
+    mtu: Mtu,
+    remote: Option<SocketAddr>,
+    dest_qpn: Qpn,
+    max_rd_atomic: u8,
+    max_dest_rd_atomic: u8,
+    min_rnr_timer: u8,
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    sq: VecDeque<SendWqe>,
+    rq: VecDeque<RecvWqe>,
+    send_cq: VecDeque<WorkCompletion>,
+    recv_cq: VecDeque<WorkCompletion>,
+    req: requester::Requester,
+    resp: responder::Responder,
+    stats: QpStats,
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qpn", &self.qpn)
+            .field("type", &self.cfg.qp_type)
+            .field("state", &self.state)
+            .field("sq", &self.sq.len())
+            .field("rq", &self.rq.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl QueuePair {
+    /// A new QP in the RESET state.
+    pub fn new(qpn: Qpn, cfg: QpConfig) -> QueuePair {
+        QueuePair {
+            qpn,
+            cfg,
+            state: QpState::Reset,
+            access: Access::NONE,
+            qkey: Qkey(0),
+            mtu: Mtu::Mtu1024,
+            remote: None,
+            dest_qpn: Qpn::new(0),
+            max_rd_atomic: 0,
+            max_dest_rd_atomic: 0,
+            min_rnr_timer: 0,
+            timeout: 0,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            send_cq: VecDeque::new(),
+            recv_cq: VecDeque::new(),
+            req: requester::Requester::new(Psn::new(0)),
+            resp: responder::Responder::new(Psn::new(0)),
+            stats: QpStats::default(),
+        }
+    }
+
+    /// The QP number.
+    pub fn qpn(&self) -> Qpn {
+        self.qpn
+    }
+    /// The QP type.
+    pub fn qp_type(&self) -> QpType {
+        self.cfg.qp_type
+    }
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+    /// The protection domain.
+    pub fn pd(&self) -> PdId {
+        self.cfg.pd
+    }
+    /// The peer's address, for connected QPs past INIT.
+    pub fn remote(&self) -> Option<SocketAddr> {
+        self.remote
+    }
+    /// Counters.
+    pub fn stats(&self) -> QpStats {
+        self.stats
+    }
+    /// The path MTU (RC, UC) or the MTU UD sends are limited to.
+    pub fn mtu(&self) -> Mtu {
+        self.mtu
+    }
+    /// Send WQEs not yet completed.
+    pub fn send_queue_len(&self) -> usize {
+        self.sq.len()
+    }
+    /// Receive WQEs posted and not yet consumed.
+    pub fn recv_queue_len(&self) -> usize {
+        self.rq.len()
+    }
+
+    /// Sets the path MTU of a UD QP (the port's active MTU); connected QPs take it from
+    /// `modify`.
+    pub fn set_ud_mtu(&mut self, mtu: Mtu) {
+        if self.cfg.qp_type == QpType::Ud {
+            self.mtu = mtu;
+        }
+    }
+
+    /// Changes state and attributes, as `ibv_modify_qp`. On error nothing changes.
+    pub fn modify(&mut self, attr: &QpAttr) -> Result<(), ModifyError> {
+        let to = attr.state.unwrap_or(self.state);
+        attr::check_transition(self.cfg.qp_type, self.state, to, attr, MAX_RD_ATOMIC)?;
+        if let Some(a) = attr.access_flags {
+            self.access = a;
+        }
+        if let Some(q) = attr.qkey {
+            self.qkey = q;
+        }
+        if let Some(m) = attr.path_mtu {
+            self.mtu = m;
+        }
+        if let Some(r) = attr.remote {
+            self.remote = Some(r);
+        }
+        if let Some(d) = attr.dest_qpn {
+            self.dest_qpn = d;
+        }
+        if let Some(p) = attr.rq_psn {
+            self.resp = responder::Responder::new(p);
+        }
+        if let Some(p) = attr.sq_psn {
+            self.req = requester::Requester::new(p);
+        }
+        if let Some(v) = attr.max_rd_atomic {
+            self.max_rd_atomic = v;
+        }
+        if let Some(v) = attr.max_dest_rd_atomic {
+            self.max_dest_rd_atomic = v;
+        }
+        if let Some(v) = attr.min_rnr_timer {
+            self.min_rnr_timer = v;
+        }
+        if let Some(v) = attr.timeout {
+            self.timeout = v;
+        }
+        if let Some(v) = attr.retry_cnt {
+            self.retry_cnt = v;
+            self.req.retry_left = v;
+        }
+        if let Some(v) = attr.rnr_retry {
+            self.rnr_retry = v;
+            self.req.rnr_left = v;
+        }
+        match to {
+            QpState::Reset => {
+                self.sq.clear();
+                self.rq.clear();
+                self.req = requester::Requester::new(Psn::new(0));
+                self.resp = responder::Responder::new(Psn::new(0));
+            }
+            QpState::Error => self.enter_error(),
+            _ => {}
+        }
+        self.state = to;
+        Ok(())
+    }
+
+    /// Posts a receive WR.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        if self.state == QpState::Reset {
+            return Err(PostError::InvalidState(self.state));
+        }
+        if wr.sg_list.len() > self.cfg.caps.max_recv_sge as usize {
+            return Err(PostError::TooManySge);
+        }
+        if self.rq.len() >= self.cfg.caps.max_recv_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        let len = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        let wqe = RecvWqe { wr_id: wr.wr_id, sgl: wr.sg_list, len };
+        if self.state == QpState::Error {
+            self.recv_cq.push_back(self.flush_wc(wqe.wr_id, WcOpcode::Recv));
+            return Ok(());
+        }
+        self.rq.push_back(wqe);
+        Ok(())
+    }
+
+    /// Posts a send WR. `mem` is read only for inline data.
+    pub fn post_send(&mut self, wr: SendWr, mem: &dyn Memory) -> Result<(), PostError> {
+        let ud = self.cfg.qp_type == QpType::Ud;
+        match self.state {
+            QpState::Rts | QpState::Sqd | QpState::Error => {}
+            s => return Err(PostError::InvalidState(s)),
+        }
+        if wr.ud.is_some() != ud {
+            return Err(PostError::Unsupported);
+        }
+        let supported = match self.cfg.qp_type {
+            QpType::Rc => true,
+            QpType::Uc => matches!(
+                wr.op,
+                SendOp::Send | SendOp::SendWithImm(_) | SendOp::Write { .. } | SendOp::WriteWithImm { .. }
+            ),
+            QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)),
+        };
+        if !supported {
+            return Err(PostError::Unsupported);
+        }
+        if wr.sg_list.len() > self.cfg.caps.max_send_sge as usize {
+            return Err(PostError::TooManySge);
+        }
+        if self.sq.len() >= self.cfg.caps.max_send_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        if total > MAX_MESSAGE || (ud && total > u64::from(self.mtu.bytes())) {
+            return Err(PostError::MessageTooLong);
+        }
+        if wr.op.is_atomic() && total < 8 {
+            return Err(PostError::AtomicBuffer);
+        }
+        let inline = if wr.flags.inline && !wr.op.is_read_or_atomic() {
+            if total > u64::from(self.cfg.caps.max_inline_data) {
+                return Err(PostError::InlineTooLong);
+            }
+            let mut data = Vec::with_capacity(total as usize);
+            for s in &wr.sg_list {
+                let seg = Segment { key: crate::memory::MemKey::Local(s.lkey), addr: s.addr, len: s.length };
+                mem.gather(self.cfg.pd, &seg, &mut |b| data.extend_from_slice(b))
+                    .map_err(|_| PostError::InlineFault)?;
+            }
+            Some(data)
+        } else {
+            None
+        };
+        let len = if wr.op.is_atomic() { 8 } else { total as u32 };
+        let wqe = SendWqe {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            sgl: wr.sg_list,
+            inline,
+            signaled: wr.flags.signaled || self.cfg.sq_sig_all,
+            solicited: wr.flags.solicited,
+            fence: wr.flags.fence,
+            ud: wr.ud,
+            len,
+            first_psn: Psn::new(0),
+            npsn: 0,
+            read_done: 0,
+            done: None,
+        };
+        if self.state == QpState::Error {
+            self.send_cq.push_back(self.flush_wc(wqe.wr_id, wqe.op.wc_opcode()));
+            return Ok(());
+        }
+        self.sq.push_back(wqe);
+        Ok(())
+    }
+
+    /// The next send-queue completion.
+    pub fn poll_send_completion(&mut self) -> Option<WorkCompletion> {
+        self.send_cq.pop_front()
+    }
+
+    /// The next receive-queue completion.
+    pub fn poll_recv_completion(&mut self) -> Option<WorkCompletion> {
+        self.recv_cq.pop_front()
+    }
+
+    /// The earliest time at which [`Self::handle_timeout`] has work to do.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        match (self.req.ack_deadline, self.req.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs the timers that are due at `now`.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        self.requester_timeout(now);
+    }
+
+    /// Handles a packet addressed to this QP that passed the ICRC check, from `src`.
+    pub fn handle_packet(
+        &mut self,
+        now: Duration,
+        src: SocketAddr,
+        pkt: &Packet<&[u8]>,
+        mem: &mut dyn Memory,
+    ) {
+        let op = pkt.opcode();
+        let transport_ok = match self.cfg.qp_type {
+            QpType::Rc => op.transport() == crate::wire::Transport::Rc,
+            QpType::Uc => op.transport() == crate::wire::Transport::Uc,
+            QpType::Ud => op.transport() == crate::wire::Transport::Ud,
+        };
+        let connected = self.cfg.qp_type != QpType::Ud;
+        let state_ok = matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe);
+        if !transport_ok || !state_ok || (connected && self.remote != Some(src)) {
+            self.stats.dropped += 1;
+            return;
+        }
+        if op.is_request() {
+            self.handle_request(now, src, pkt, mem);
+        } else if self.state != QpState::Rtr {
+            self.handle_response(now, pkt, mem);
+        }
+    }
+
+    /// The next packet this QP wants to send, if any: responses first, then requests.
+    pub fn poll_transmit(&mut self, now: Duration, buf: &mut [u8], mem: &dyn Memory) -> Option<Transmit> {
+        if let Some(t) = self.next_response(buf, mem) {
+            return Some(t);
+        }
+        self.next_request(now, buf, mem)
+    }
+
+    /// Whether the QP has packets to send now (cheap; `poll_transmit` may still return
+    /// `None` if a limit holds them back).
+    pub fn wants_transmit(&self) -> bool {
+        self.resp.has_tx()
+            || (self.req.send_idx < self.sq.len() && matches!(self.state, QpState::Rts | QpState::Sqd))
+    }
+
+    fn flush_wc(&self, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
+        self.wc(wr_id, WcStatus::WrFlushErr, opcode)
+    }
+
+    fn wc(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: 0,
+            imm_data: None,
+            invalidated_rkey: None,
+            qp_num: self.qpn,
+            src_qp: Qpn::new(0),
+            src: None,
+            grh: false,
+            solicited: false,
+        }
+    }
+
+    /// Moves to ERROR: every WQE still queued completes with WR_FLUSH_ERR, in order.
+    fn enter_error(&mut self) {
+        self.state = QpState::Error;
+        while let Some(w) = self.sq.pop_front() {
+            let status = w.done.unwrap_or(WcStatus::WrFlushErr);
+            if status != WcStatus::Success || w.signaled {
+                let wc = WorkCompletion {
+                    byte_len: if status == WcStatus::Success { w.len } else { 0 },
+                    ..self.wc(w.wr_id, status, w.op.wc_opcode())
+                };
+                self.send_cq.push_back(wc);
+            }
+        }
+        while let Some(r) = self.rq.pop_front() {
+            self.recv_cq.push_back(self.flush_wc(r.wr_id, WcOpcode::Recv));
+        }
+        self.req.send_idx = 0;
+        self.req.ack_deadline = None;
+        self.req.rnr_until = None;
+        self.resp.abandon_message();
+    }
+
+    /// Fails the send WQE at the front with `status` and moves the QP to ERROR.
+    fn fail_front(&mut self, status: WcStatus) {
+        if let Some(w) = self.sq.front_mut() {
+            w.done = Some(status);
+        }
+        self.enter_error();
+    }
+
+    /// Computes the ICRC of a packet made of `head`, the `payload` segments and `pad` zero
+    /// bytes, and fills in the tail.
+    fn finish_packet(
+        &self,
+        dst: SocketAddr,
+        head: &[u8],
+        payload: Vec<Segment>,
+        pad: usize,
+        mem: &dyn Memory,
+    ) -> Result<Transmit, crate::memory::MemError> {
+        let seg_len: usize = payload.iter().map(|s| s.len as usize).sum();
+        let total = head.len() + seg_len + pad + ICRC_LEN;
+        let encap = icrc::Encap::new(self.cfg.local, dst).ok_or(crate::memory::MemError::BadKey)?;
+        let mut h = icrc::IcrcHasher::new(&encap, total);
+        let (bth, rest) = head.split_first_chunk::<12>().ok_or(crate::memory::MemError::BadKey)?;
+        h.update_bth(bth);
+        h.update(rest);
+        for seg in &payload {
+            mem.gather(self.cfg.pd, seg, &mut |b| h.update(b))?;
+        }
+        let mut tail = [0u8; 7];
+        h.update(&tail[..pad]);
+        tail[pad..pad + ICRC_LEN].copy_from_slice(&h.finish().to_le_bytes());
+        Ok(Transmit { dst, head_len: head.len(), payload, pd: self.cfg.pd, tail, tail_len: pad + ICRC_LEN })
+    }
+
+    /// Emits `repr` into `buf`, with `inline` bytes right after the headers.
+    fn emit_head(repr: &PacketRepr, buf: &mut [u8], inline: &[u8]) -> Option<usize> {
+        let h = repr.emit_headers(buf).ok()?;
+        let end = h + inline.len();
+        buf.get_mut(h..end)?.copy_from_slice(inline);
+        Some(end)
+    }
+
+    fn access_allows(&self, need: Access) -> bool {
+        self.access.contains(need)
+    }
+}
+
+/// Splits `[offset, offset + len)` of a scatter/gather list into memory segments.
+fn sgl_segments(sgl: &[Sge], mut offset: u64, mut len: u64) -> Vec<Segment> {
+    let mut out = Vec::new();
+    for s in sgl {
+        let sl = u64::from(s.length);
+        if offset >= sl {
+            offset -= sl;
+            continue;
+        }
+        let take = (sl - offset).min(len);
+        if take > 0 {
+            out.push(Segment {
+                key: crate::memory::MemKey::Local(s.lkey),
+                addr: s.addr.wrapping_add(offset),
+                len: take as u32,
+            });
+        }
+        len -= take;
+        offset = 0;
+        if len == 0 {
+            break;
+        }
+    }
+    out
+}
+
+/// Writes `data` into a scatter/gather list starting at byte `offset`; fails without
+/// writing past the list's end.
+fn scatter(
+    mem: &mut dyn Memory,
+    pd: PdId,
+    sgl: &[Sge],
+    offset: u64,
+    data: &[u8],
+) -> Result<(), crate::memory::MemError> {
+    let mut done = 0usize;
+    for seg in sgl_segments(sgl, offset, data.len() as u64) {
+        let n = seg.len as usize;
+        mem.write(pd, seg.key, seg.addr, &data[done..done + n], Access::LOCAL_WRITE)?;
+        done += n;
+    }
+    if done == data.len() {
+        Ok(())
+    } else {
+        Err(crate::memory::MemError::OutOfBounds)
+    }
+}

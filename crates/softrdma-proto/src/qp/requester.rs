@@ -1,0 +1,357 @@
+//! The RC/UC/UD requester: turns send WQEs into request packets, in SQ order, and goes back
+//! N when the completer or the ACK timer says packets were lost.
+//!
+//! Segmentation follows the path MTU; a READ takes one request packet and as many PSNs as
+//! it will have responses. Go-back-N reuses the PSNs first assigned, so a WQE's PSN range
+//! never changes, and resumes a SEND or WRITE at the right byte and a READ at its missing
+//! tail.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::{sgl_segments, QpState, QpType, QueuePair, SendOp, Transmit, WcStatus, MAX_INFLIGHT_PSNS};
+use crate::memory::{Access, MemKey, Memory};
+use crate::wire::{
+    AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, Operation, PacketRepr, RethRepr, Transport,
+};
+use crate::Psn;
+
+/// Request packets between AckReq flags inside a long message (rxe: about 64).
+const ACK_REQ_EVERY: u32 = 32;
+
+pub(super) struct Requester {
+    /// PSN of the next packet to send.
+    pub(super) next_psn: Psn,
+    /// Every PSN up to and including this one is acknowledged.
+    pub(super) acked_psn: Psn,
+    /// Index in the SQ of the WQE being sent.
+    pub(super) send_idx: usize,
+    /// Bytes of that WQE already sent in this pass.
+    pub(super) send_offset: u32,
+    /// That WQE has passed its start checks in this pass.
+    pub(super) started: bool,
+    /// READs and atomics sent and not completed.
+    pub(super) rd_outstanding: u32,
+    pub(super) retry_left: u8,
+    pub(super) rnr_left: u8,
+    /// Local ACK timeout.
+    pub(super) ack_deadline: Option<Duration>,
+    /// No request leaves before this time (RNR back-off).
+    pub(super) rnr_until: Option<Duration>,
+    /// The PSN of the last go-back triggered by a response, to ignore repeats of it.
+    pub(super) go_back_guard: Option<Psn>,
+    since_ack_req: u32,
+    /// Highest PSN ever sent, to count retransmissions.
+    max_sent: Psn,
+}
+
+impl Requester {
+    pub(super) fn new(sq_psn: Psn) -> Requester {
+        Requester {
+            next_psn: sq_psn,
+            acked_psn: sq_psn - 1,
+            send_idx: 0,
+            send_offset: 0,
+            started: false,
+            rd_outstanding: 0,
+            retry_left: 0,
+            rnr_left: 0,
+            ack_deadline: None,
+            rnr_until: None,
+            go_back_guard: None,
+            since_ack_req: 0,
+            max_sent: sq_psn - 1,
+        }
+    }
+
+    /// PSNs sent and not acknowledged.
+    pub(super) fn inflight(&self) -> u32 {
+        (self.next_psn.get().wrapping_sub(self.acked_psn.get()).wrapping_sub(1)) & crate::MASK_24
+    }
+}
+
+impl QueuePair {
+    fn ack_timeout(&self) -> Option<Duration> {
+        (self.timeout != 0).then(|| Duration::from_nanos(4096u64 << self.timeout))
+    }
+
+    /// Re-arms the local ACK timer from `now`, or stops it when nothing is outstanding.
+    pub(super) fn rearm_ack_timer(&mut self, now: Duration) {
+        self.req.ack_deadline =
+            if self.req.inflight() > 0 { self.ack_timeout().map(|t| now + t) } else { None };
+    }
+
+    pub(super) fn next_request(
+        &mut self,
+        now: Duration,
+        buf: &mut [u8],
+        mem: &dyn Memory,
+    ) -> Option<Transmit> {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        if self.req.rnr_until.is_some_and(|t| now < t) {
+            return None;
+        }
+        let rc = self.cfg.qp_type == QpType::Rc;
+        let i = self.req.send_idx;
+        let w = self.sq.get(i)?;
+        if rc && self.req.inflight() >= MAX_INFLIGHT_PSNS {
+            return None;
+        }
+        let pmtu = self.mtu.bytes();
+        if !self.req.started {
+            if self.state == QpState::Sqd && self.req.send_offset == 0 && w.read_done == 0 {
+                return None;
+            }
+            if w.fence && self.req.rd_outstanding > 0 {
+                return None;
+            }
+            if w.op.is_read_or_atomic() && self.req.rd_outstanding >= u32::from(self.max_rd_atomic) {
+                return None;
+            }
+            if w.inline.is_none() {
+                let need = if w.op.is_read_or_atomic() { Access::LOCAL_WRITE } else { Access::NONE };
+                let bad = w.sgl.iter().any(|s| {
+                    mem.check(self.cfg.pd, MemKey::Local(s.lkey), s.addr, u64::from(s.length), need).is_err()
+                });
+                if bad {
+                    self.sq[i].done = Some(WcStatus::LocProtErr);
+                    self.enter_error();
+                    return None;
+                }
+            }
+            let w = &mut self.sq[i];
+            if w.npsn == 0
+                || w.first_psn != self.req.next_psn && self.req.send_offset == 0 && w.read_done == 0
+            {
+                w.first_psn = self.req.next_psn;
+            }
+            w.npsn = match w.op {
+                SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
+                _ => w.len.div_ceil(pmtu).max(1),
+            };
+            if w.op.is_read_or_atomic() {
+                self.req.rd_outstanding += 1;
+            }
+            self.req.started = true;
+        }
+        let w = &self.sq[i];
+        let transport = match self.cfg.qp_type {
+            QpType::Rc => Transport::Rc,
+            QpType::Uc => Transport::Uc,
+            QpType::Ud => Transport::Ud,
+        };
+        let (dst, dest_qp) = match w.ud {
+            Some(ud) => (ud.addr, ud.qpn),
+            None => (self.remote?, self.dest_qpn),
+        };
+        let off = self.req.send_offset;
+        let opcode = |op| Opcode::from_parts(transport, op);
+        let mut inline: &[u8] = &[];
+        let mut payload = Vec::new();
+        let (repr, psn, payload_len, last) = match w.op {
+            SendOp::Read { remote_addr, rkey } => {
+                let psn = w.first_psn + off / pmtu;
+                let mut r =
+                    PacketRepr::new(BthRepr::new(opcode(Operation::RdmaReadRequest)?, dest_qp, psn), 0);
+                r.ext.reth = Some(RethRepr {
+                    va: remote_addr.wrapping_add(u64::from(off)),
+                    rkey,
+                    dma_len: w.len - off,
+                });
+                (r, psn, 0, true)
+            }
+            SendOp::CompareSwap { remote_addr, rkey, compare, swap } => {
+                let mut r =
+                    PacketRepr::new(BthRepr::new(opcode(Operation::CompareSwap)?, dest_qp, w.first_psn), 0);
+                r.ext.atomic_eth = Some(AtomicEthRepr { va: remote_addr, rkey, swap_add: swap, compare });
+                (r, w.first_psn, 0, true)
+            }
+            SendOp::FetchAdd { remote_addr, rkey, add } => {
+                let mut r =
+                    PacketRepr::new(BthRepr::new(opcode(Operation::FetchAdd)?, dest_qp, w.first_psn), 0);
+                r.ext.atomic_eth = Some(AtomicEthRepr { va: remote_addr, rkey, swap_add: add, compare: 0 });
+                (r, w.first_psn, 0, true)
+            }
+            _ => {
+                let plen = (w.len - off).min(pmtu);
+                let first = off == 0;
+                let last = off + plen == w.len;
+                let psn = w.first_psn + off / pmtu;
+                let write = matches!(w.op, SendOp::Write { .. } | SendOp::WriteWithImm { .. });
+                use Operation as O;
+                let op = match (write, first, last, w.op) {
+                    (false, true, true, SendOp::SendWithImm(_)) => O::SendOnlyWithImmediate,
+                    (false, true, true, SendOp::SendWithInv(_)) => O::SendOnlyWithInvalidate,
+                    (false, true, true, _) => O::SendOnly,
+                    (false, true, false, _) => O::SendFirst,
+                    (false, false, false, _) => O::SendMiddle,
+                    (false, false, true, SendOp::SendWithImm(_)) => O::SendLastWithImmediate,
+                    (false, false, true, SendOp::SendWithInv(_)) => O::SendLastWithInvalidate,
+                    (false, false, true, _) => O::SendLast,
+                    (true, true, true, SendOp::WriteWithImm { .. }) => O::RdmaWriteOnlyWithImmediate,
+                    (true, true, true, _) => O::RdmaWriteOnly,
+                    (true, true, false, _) => O::RdmaWriteFirst,
+                    (true, false, false, _) => O::RdmaWriteMiddle,
+                    (true, false, true, SendOp::WriteWithImm { .. }) => O::RdmaWriteLastWithImmediate,
+                    (true, false, true, _) => O::RdmaWriteLast,
+                };
+                let mut bth = BthRepr::new(opcode(op)?, dest_qp, psn);
+                bth.solicited = last && w.solicited;
+                let mut r = PacketRepr::new(bth, plen as usize);
+                let h = r.bth.opcode.headers();
+                use crate::wire::HeaderKind as K;
+                if h.contains(K::Reth) {
+                    if let SendOp::Write { remote_addr, rkey }
+                    | SendOp::WriteWithImm { remote_addr, rkey, .. } = w.op
+                    {
+                        r.ext.reth = Some(RethRepr { va: remote_addr, rkey, dma_len: w.len });
+                    }
+                }
+                if h.contains(K::ImmDt) {
+                    if let SendOp::SendWithImm(imm) | SendOp::WriteWithImm { imm, .. } = w.op {
+                        r.ext.immdt = Some(ImmDtRepr { value: imm });
+                    }
+                }
+                if let (true, SendOp::SendWithInv(rkey)) = (h.contains(K::Ieth), w.op) {
+                    r.ext.ieth = Some(IethRepr { rkey });
+                }
+                if let Some(ud) = w.ud {
+                    r.ext.deth = Some(DethRepr { qkey: ud.qkey, src_qp: self.qpn });
+                }
+                match &w.inline {
+                    Some(data) => inline = &data[off as usize..(off + plen) as usize],
+                    None => payload = sgl_segments(&w.sgl, u64::from(off), u64::from(plen)),
+                }
+                (r, psn, plen as usize, last)
+            }
+        };
+        let mut repr = repr;
+        if rc {
+            repr.bth.ack_req = last
+                || self.req.since_ack_req + 1 >= ACK_REQ_EVERY
+                || self.req.inflight() + 1 >= MAX_INFLIGHT_PSNS;
+        }
+        let head_len = Self::emit_head(&repr, buf, inline)?;
+        let pad = usize::from(crate::wire::pad_count(payload_len));
+        let tx = match self.finish_packet(dst, &buf[..head_len], payload, pad, mem) {
+            Ok(t) => t,
+            Err(_) => {
+                // The memory vanished or shrank under a posted WR.
+                self.sq[i].done = Some(WcStatus::LocProtErr);
+                self.enter_error();
+                return None;
+            }
+        };
+        self.after_send(now, i, psn, payload_len as u32, last, repr.bth.ack_req);
+        Some(tx)
+    }
+
+    fn after_send(&mut self, now: Duration, i: usize, psn: Psn, payload_len: u32, last: bool, ack_req: bool) {
+        self.stats.packets_sent += 1;
+        if psn.distance(self.req.max_sent) <= 0 {
+            self.stats.retransmits += 1;
+        }
+        let w = &self.sq[i];
+        let end_psn = match w.op {
+            SendOp::Read { .. } => w.first_psn + w.npsn,
+            _ => psn + 1,
+        };
+        if end_psn.distance(self.req.max_sent + 1) > 0 {
+            self.req.max_sent = end_psn - 1;
+        }
+        self.req.next_psn = end_psn;
+        self.req.since_ack_req = if ack_req { 0 } else { self.req.since_ack_req + 1 };
+        self.req.send_offset += payload_len;
+        if last {
+            self.req.send_idx += 1;
+            self.req.send_offset = 0;
+            self.req.started = false;
+        }
+        match self.cfg.qp_type {
+            QpType::Rc => {
+                if self.req.ack_deadline.is_none() {
+                    self.rearm_ack_timer(now);
+                }
+            }
+            // Unacknowledged transports complete a WR once its last packet is out.
+            QpType::Uc | QpType::Ud => {
+                if last {
+                    self.req.acked_psn = end_psn - 1;
+                    self.complete_front(WcStatus::Success);
+                }
+            }
+        }
+    }
+
+    /// Goes back to the WQE holding `psn` (or the first unfinished one after it) and
+    /// resends from there.
+    pub(super) fn go_back(&mut self, psn: Psn) {
+        let end = if self.req.started { self.req.send_idx + 1 } else { self.req.send_idx };
+        let end = end.min(self.sq.len());
+        let Some(idx) = (0..end).find(|&k| {
+            let w = &self.sq[k];
+            w.done.is_none() && w.npsn > 0 && (w.contains(psn) || w.first_psn.distance(psn) > 0)
+        }) else {
+            return;
+        };
+        let pmtu = self.mtu.bytes();
+        let w = &self.sq[idx];
+        let (offset, resume_psn) = match w.op {
+            SendOp::Read { .. } => (w.read_done, w.first_psn + w.read_done / pmtu),
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => (0, w.first_psn),
+            _ if w.contains(psn) => (psn.distance(w.first_psn) as u32 * pmtu, psn),
+            _ => (0, w.first_psn),
+        };
+        self.req.send_idx = idx;
+        self.req.send_offset = offset;
+        self.req.started = offset > 0 && !w.op.is_read_or_atomic();
+        self.req.next_psn = resume_psn;
+        self.req.rd_outstanding =
+            self.sq.iter().take(idx).filter(|w| w.op.is_read_or_atomic() && w.done.is_none()).count() as u32;
+    }
+
+    pub(super) fn requester_timeout(&mut self, now: Duration) {
+        if self.req.rnr_until.is_some_and(|t| now >= t) {
+            self.req.rnr_until = None;
+            self.rearm_ack_timer(now);
+        }
+        if !self.req.ack_deadline.is_some_and(|t| now >= t) {
+            return;
+        }
+        self.req.ack_deadline = None;
+        if self.req.inflight() == 0 || self.state != QpState::Rts && self.state != QpState::Sqd {
+            return;
+        }
+        self.stats.timeouts += 1;
+        if self.req.retry_left == 0 {
+            self.fail_front(WcStatus::RetryExcErr);
+            return;
+        }
+        self.req.retry_left -= 1;
+        self.req.go_back_guard = None;
+        self.go_back(self.req.acked_psn + 1);
+        self.rearm_ack_timer(now);
+    }
+
+    /// Completes the WQE at the front of the SQ with `status` and pops it, with a
+    /// completion if it is signaled or failed.
+    pub(super) fn complete_front(&mut self, status: super::WcStatus) {
+        let Some(w) = self.sq.pop_front() else { return };
+        self.req.send_idx = self.req.send_idx.saturating_sub(1);
+        if w.op.is_read_or_atomic() {
+            self.req.rd_outstanding = self.req.rd_outstanding.saturating_sub(1);
+        }
+        if w.signaled || status != WcStatus::Success {
+            let byte_len = if status == WcStatus::Success { w.len } else { 0 };
+            let wc = super::WorkCompletion { byte_len, ..self.wc(w.wr_id, status, w.op.wc_opcode()) };
+            self.send_cq.push_back(wc);
+        }
+    }
+
+    /// The destination a response to the peer goes to.
+    pub(super) fn peer(&self) -> Option<SocketAddr> {
+        self.remote
+    }
+}

@@ -1,0 +1,588 @@
+//! The responder: checks incoming requests in rxe's order (PSN, opcode sequence, QP
+//! access, resources, lengths, keys), executes them against memory, and queues the
+//! answers — coalesced ACKs, NAKs, READ responses generated one packet at a time, atomic
+//! ACKs. Duplicates are never executed twice: SENDs and WRITEs are re-ACKed, READs are
+//! replayed from memory, atomics answered from a ring of saved results
+//! (`max_dest_rd_atomic` deep).
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use super::{scatter, QpType, QueuePair, RecvWqe, Transmit, WcOpcode, WcStatus, WorkCompletion, MAX_MESSAGE};
+use crate::memory::{Access, AtomicOp, MemError, MemKey, Memory, Segment};
+use crate::wire::{
+    pad_count, AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, Packet,
+    PacketRepr, Position, Transport,
+};
+use crate::{Psn, Rkey};
+
+/// A multi-packet message being received.
+enum Current {
+    None,
+    Send { wqe: RecvWqe, offset: u64 },
+    Write { va: u64, rkey: Rkey, total: u64, done: u64 },
+}
+
+/// A READ or atomic remembered for duplicate handling.
+enum Resource {
+    Read { first: Psn, npsn: u32, va: u64, rkey: Rkey, len: u64 },
+    Atomic { psn: Psn, orig: u64 },
+}
+
+/// An answer waiting to be sent.
+enum Answer {
+    Ack { psn: Psn, syndrome: AethSyndrome },
+    AtomicAck { psn: Psn, orig: u64 },
+    Read { psn: Psn, va: u64, rkey: Rkey, len: u64, sent: u64 },
+}
+
+pub(super) struct Responder {
+    epsn: Psn,
+    msn: u32,
+    nak_sent: bool,
+    cur: Current,
+    uc_resync: bool,
+    resources: VecDeque<Resource>,
+    tx: VecDeque<Answer>,
+}
+
+impl Responder {
+    pub(super) fn new(rq_psn: Psn) -> Responder {
+        Responder {
+            epsn: rq_psn,
+            msn: 0,
+            nak_sent: false,
+            cur: Current::None,
+            uc_resync: false,
+            resources: VecDeque::new(),
+            tx: VecDeque::new(),
+        }
+    }
+
+    pub(super) fn has_tx(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
+    /// Forgets a half-received message (the QP failed).
+    pub(super) fn abandon_message(&mut self) {
+        self.cur = Current::None;
+    }
+
+    fn queue_ack(&mut self, psn: Psn) {
+        // Coalesce: a later ACK covers every earlier one.
+        if let Some(Answer::Ack { psn: p, syndrome: AethSyndrome::Ack { .. } }) = self.tx.back_mut() {
+            *p = psn;
+            return;
+        }
+        self.tx.push_back(Answer::Ack { psn, syndrome: AethSyndrome::ACK });
+    }
+
+    fn remember(&mut self, r: Resource, depth: u8) {
+        if self.resources.len() >= usize::from(depth.max(1)) {
+            self.resources.pop_front();
+        }
+        self.resources.push_back(r);
+    }
+}
+
+/// Why a request failed at the responder.
+enum Fault {
+    /// NAK with this code; the QP goes to ERROR.
+    Fatal(NakCode),
+    /// RNR NAK; the packet is dropped and will be resent.
+    Rnr,
+}
+
+impl From<MemError> for Fault {
+    fn from(e: MemError) -> Fault {
+        match e {
+            MemError::Misaligned => Fault::Fatal(NakCode::InvalidRequest),
+            _ => Fault::Fatal(NakCode::RemoteAccessError),
+        }
+    }
+}
+
+impl QueuePair {
+    pub(super) fn handle_request(
+        &mut self,
+        _now: Duration,
+        src: SocketAddr,
+        pkt: &Packet<&[u8]>,
+        mem: &mut dyn Memory,
+    ) {
+        match self.cfg.qp_type {
+            QpType::Ud => self.ud_receive(src, pkt, mem),
+            QpType::Uc => self.uc_receive(src, pkt, mem),
+            QpType::Rc => self.rc_receive(src, pkt, mem),
+        }
+    }
+
+    fn rc_receive(&mut self, src: SocketAddr, pkt: &Packet<&[u8]>, mem: &mut dyn Memory) {
+        let psn = pkt.bth().psn();
+        let d = psn.distance(self.resp.epsn);
+        if d > 0 {
+            if !self.resp.nak_sent {
+                self.resp.nak_sent = true;
+                self.stats.seq_naks_sent += 1;
+                let epsn = self.resp.epsn;
+                self.resp.tx.push_back(Answer::Ack {
+                    psn: epsn,
+                    syndrome: AethSyndrome::Nak(NakCode::PsnSequenceError),
+                });
+            }
+            return;
+        }
+        if d < 0 {
+            self.stats.duplicates += 1;
+            self.duplicate(pkt, mem);
+            return;
+        }
+        match self.execute(src, pkt, mem) {
+            Ok(()) => self.resp.nak_sent = false,
+            Err(Fault::Rnr) => {
+                self.stats.rnr_naks_sent += 1;
+                let syndrome = AethSyndrome::RnrNak { timer: self.min_rnr_timer };
+                self.resp.tx.push_back(Answer::Ack { psn, syndrome });
+            }
+            Err(Fault::Fatal(code)) => self.responder_fatal(psn, code),
+        }
+    }
+
+    /// NAKs `psn` with `code` and fails the QP; the NAK still goes out.
+    fn responder_fatal(&mut self, psn: Psn, code: NakCode) {
+        if let Current::Send { wqe, .. } = std::mem::replace(&mut self.resp.cur, Current::None) {
+            let status =
+                if code == NakCode::InvalidRequest { WcStatus::LocLenErr } else { WcStatus::LocProtErr };
+            self.recv_cq.push_back(self.wc(wqe.wr_id, status, WcOpcode::Recv));
+        }
+        self.resp.tx.push_back(Answer::Ack { psn, syndrome: AethSyndrome::Nak(code) });
+        self.enter_error();
+    }
+
+    fn execute(&mut self, src: SocketAddr, pkt: &Packet<&[u8]>, mem: &mut dyn Memory) -> Result<(), Fault> {
+        let inv = Fault::Fatal(NakCode::InvalidRequest);
+        let op = pkt.opcode();
+        let bth = pkt.bth();
+        let psn = bth.psn();
+        let pos = op.position();
+        if matches!(op.operation(), Operation::Flush | Operation::AtomicWrite) {
+            // Not implemented by softrdma's responder.
+            return Err(inv);
+        }
+        let kind = Kind::of(op.operation());
+        // Opcode sequence: a message started must be continued by its own kind.
+        let seq_ok = match (&self.resp.cur, pos) {
+            (Current::Send { .. }, Position::Middle | Position::Last) => kind == Kind::Send,
+            (Current::Write { .. }, Position::Middle | Position::Last) => kind == Kind::Write,
+            (Current::None, Position::First | Position::Only) => true,
+            _ => false,
+        };
+        if !seq_ok {
+            return Err(inv);
+        }
+        let need = match kind {
+            Kind::Read => Access::REMOTE_READ,
+            Kind::Write => Access::REMOTE_WRITE,
+            Kind::Atomic => Access::REMOTE_ATOMIC,
+            Kind::Send => Access::NONE,
+        };
+        if !self.access_allows(need) {
+            return Err(inv);
+        }
+        if matches!(kind, Kind::Read | Kind::Atomic) && self.max_dest_rd_atomic == 0 {
+            return Err(inv);
+        }
+        let pmtu = u64::from(self.mtu.bytes());
+        let data = pkt.payload();
+        let plen = data.len() as u64;
+        let len_ok = match pos {
+            Position::First | Position::Middle => plen == pmtu,
+            Position::Last => plen >= 1 && plen <= pmtu,
+            Position::Only => plen <= pmtu,
+        };
+        if !len_ok {
+            return Err(inv);
+        }
+        if op.consumes_recv_wqe() && self.rq.is_empty() {
+            return Err(Fault::Rnr);
+        }
+        let pd = self.cfg.pd;
+        match kind {
+            Kind::Send => {
+                if matches!(pos, Position::First | Position::Only) {
+                    let wqe = self.rq.pop_front().ok_or(Fault::Rnr)?;
+                    self.resp.cur = Current::Send { wqe, offset: 0 };
+                }
+                let Current::Send { wqe, offset } = &mut self.resp.cur else { return Err(inv) };
+                if *offset + plen > wqe.len {
+                    return Err(inv);
+                }
+                if scatter(mem, pd, &wqe.sgl, *offset, data).is_err() {
+                    return Err(Fault::Fatal(NakCode::RemoteOperationalError));
+                }
+                *offset += plen;
+                if matches!(pos, Position::Last | Position::Only) {
+                    let Current::Send { wqe, offset } = std::mem::replace(&mut self.resp.cur, Current::None)
+                    else {
+                        return Err(inv);
+                    };
+                    let invalidated = pkt.ieth().map(|h| h.rkey());
+                    if let Some(rkey) = invalidated {
+                        if mem.invalidate(pd, rkey).is_err() {
+                            self.recv_cq.push_back(self.wc(
+                                wqe.wr_id,
+                                WcStatus::RemInvReqErr,
+                                WcOpcode::Recv,
+                            ));
+                            self.enter_error();
+                            return Ok(());
+                        }
+                    }
+                    self.resp.msn = self.resp.msn.wrapping_add(1);
+                    let wc = WorkCompletion {
+                        byte_len: offset as u32,
+                        imm_data: pkt.immdt().map(|h| h.value()),
+                        invalidated_rkey: invalidated,
+                        src_qp: self.dest_qpn,
+                        src: Some(src),
+                        solicited: bth.solicited(),
+                        ..self.wc(wqe.wr_id, WcStatus::Success, WcOpcode::Recv)
+                    };
+                    self.recv_cq.push_back(wc);
+                }
+            }
+            Kind::Write => {
+                if let Some(reth) = pkt.reth() {
+                    let total = u64::from(reth.dma_len());
+                    if total > MAX_MESSAGE || (pos == Position::Only && plen != total) {
+                        return Err(inv);
+                    }
+                    if total > 0 {
+                        mem.check(pd, MemKey::Remote(reth.rkey()), reth.va(), total, Access::REMOTE_WRITE)?;
+                    }
+                    self.resp.cur = Current::Write { va: reth.va(), rkey: reth.rkey(), total, done: 0 };
+                }
+                let Current::Write { va, rkey, total, done } = &mut self.resp.cur else { return Err(inv) };
+                let last = matches!(pos, Position::Last | Position::Only);
+                if *done + plen > *total || (last && *done + plen != *total) {
+                    return Err(inv);
+                }
+                if last && pkt.pad_count() != pad_count(data.len()) {
+                    return Err(inv);
+                }
+                if plen > 0 {
+                    mem.write(pd, MemKey::Remote(*rkey), va.wrapping_add(*done), data, Access::REMOTE_WRITE)?;
+                }
+                *done += plen;
+                if last {
+                    let total = *total;
+                    self.resp.cur = Current::None;
+                    self.resp.msn = self.resp.msn.wrapping_add(1);
+                    if op.consumes_recv_wqe() {
+                        let wqe = self.rq.pop_front().ok_or(Fault::Rnr)?;
+                        let wc = WorkCompletion {
+                            byte_len: total as u32,
+                            imm_data: pkt.immdt().map(|h| h.value()),
+                            src_qp: self.dest_qpn,
+                            src: Some(src),
+                            solicited: bth.solicited(),
+                            ..self.wc(wqe.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm)
+                        };
+                        self.recv_cq.push_back(wc);
+                    }
+                }
+            }
+            Kind::Read => {
+                let reth = pkt.reth().ok_or(Fault::Fatal(NakCode::InvalidRequest))?;
+                let len = u64::from(reth.dma_len());
+                if len > MAX_MESSAGE {
+                    return Err(inv);
+                }
+                if len > 0 {
+                    mem.check(pd, MemKey::Remote(reth.rkey()), reth.va(), len, Access::REMOTE_READ)?;
+                }
+                let npsn = len.div_ceil(pmtu).max(1) as u32;
+                self.resp.msn = self.resp.msn.wrapping_add(1);
+                let depth = self.max_dest_rd_atomic;
+                self.resp.remember(
+                    Resource::Read { first: psn, npsn, va: reth.va(), rkey: reth.rkey(), len },
+                    depth,
+                );
+                self.resp.tx.push_back(Answer::Read { psn, va: reth.va(), rkey: reth.rkey(), len, sent: 0 });
+                self.resp.epsn = psn + npsn;
+                return Ok(());
+            }
+            Kind::Atomic => {
+                let a = pkt.atomic_eth().ok_or(Fault::Fatal(NakCode::InvalidRequest))?;
+                if a.va() % 8 != 0 {
+                    return Err(inv);
+                }
+                let aop = if op.operation() == Operation::CompareSwap {
+                    AtomicOp::CompareSwap { compare: a.compare(), swap: a.swap_add() }
+                } else {
+                    AtomicOp::FetchAdd { add: a.swap_add() }
+                };
+                let orig = mem.atomic(pd, MemKey::Remote(a.rkey()), a.va(), aop)?;
+                self.resp.msn = self.resp.msn.wrapping_add(1);
+                let depth = self.max_dest_rd_atomic;
+                self.resp.remember(Resource::Atomic { psn, orig }, depth);
+                self.resp.tx.push_back(Answer::AtomicAck { psn, orig });
+                self.resp.epsn = psn + 1;
+                return Ok(());
+            }
+        }
+        self.resp.epsn = psn + 1;
+        if bth.ack_req() {
+            self.resp.queue_ack(psn);
+        }
+        Ok(())
+    }
+
+    fn duplicate(&mut self, pkt: &Packet<&[u8]>, mem: &mut dyn Memory) {
+        let psn = pkt.bth().psn();
+        match Kind::of(pkt.opcode().operation()) {
+            Kind::Send | Kind::Write => {
+                let last = self.resp.epsn - 1;
+                self.resp.queue_ack(last);
+            }
+            Kind::Read => {
+                let Some(reth) = pkt.reth() else { return };
+                let pmtu = u64::from(self.mtu.bytes());
+                let found = self.resp.resources.iter().find_map(|r| match *r {
+                    Resource::Read { first, npsn, va, rkey, len } => {
+                        let k = psn.distance(first);
+                        (k >= 0 && (k as u32) < npsn).then_some((k as u64, va, rkey, len))
+                    }
+                    Resource::Atomic { .. } => None,
+                });
+                let Some((k, va, rkey, len)) = found else { return };
+                let (rva, rlen) = (reth.va(), u64::from(reth.dma_len()));
+                // A restart asks for the tail from this PSN on, of the same region.
+                let start = k * pmtu;
+                if reth.rkey() != rkey || rva != va.wrapping_add(start) || start + rlen != len {
+                    return;
+                }
+                if rlen > 0
+                    && mem.check(self.cfg.pd, MemKey::Remote(rkey), rva, rlen, Access::REMOTE_READ).is_err()
+                {
+                    return;
+                }
+                self.resp.tx.push_back(Answer::Read { psn, va: rva, rkey, len: rlen, sent: 0 });
+            }
+            Kind::Atomic => {
+                let saved = self.resp.resources.iter().find_map(|r| match *r {
+                    Resource::Atomic { psn: p, orig } if p == psn => Some(orig),
+                    _ => None,
+                });
+                if let Some(orig) = saved {
+                    self.resp.tx.push_back(Answer::AtomicAck { psn, orig });
+                }
+            }
+        }
+    }
+
+    fn uc_receive(&mut self, src: SocketAddr, pkt: &Packet<&[u8]>, mem: &mut dyn Memory) {
+        let psn = pkt.bth().psn();
+        let starts = matches!(pkt.opcode().position(), Position::First | Position::Only);
+        let d = psn.distance(self.resp.epsn);
+        if d < 0 {
+            self.stats.duplicates += 1;
+            return;
+        }
+        if d > 0 || self.resp.uc_resync {
+            // A gap: drop the rest of the message and resynchronise on the next FIRST or
+            // ONLY. The half-filled receive WQE is reused.
+            self.abandon_uc_message();
+            if !starts {
+                self.resp.uc_resync = true;
+                self.stats.dropped += 1;
+                return;
+            }
+            self.resp.uc_resync = false;
+            self.resp.epsn = psn;
+        }
+        if self.execute(src, pkt, mem).is_err() {
+            // UC has no NAKs: the message is lost.
+            self.abandon_uc_message();
+            self.resp.uc_resync = true;
+            self.resp.epsn = psn + 1;
+            self.stats.dropped += 1;
+        }
+        // UC never acknowledges.
+        self.resp.tx.clear();
+    }
+
+    fn abandon_uc_message(&mut self) {
+        if let Current::Send { wqe, .. } = std::mem::replace(&mut self.resp.cur, Current::None) {
+            self.rq.push_front(wqe);
+        }
+    }
+
+    fn ud_receive(&mut self, src: SocketAddr, pkt: &Packet<&[u8]>, mem: &mut dyn Memory) {
+        let Some(deth) = pkt.deth() else { return };
+        if deth.qkey() != self.qkey {
+            self.stats.dropped += 1;
+            return;
+        }
+        let Some(wqe) = self.rq.pop_front() else {
+            self.stats.dropped += 1;
+            return;
+        };
+        let data = pkt.payload();
+        let mut wc = WorkCompletion {
+            imm_data: pkt.immdt().map(|h| h.value()),
+            src_qp: deth.src_qp(),
+            src: Some(src),
+            grh: true,
+            solicited: pkt.bth().solicited(),
+            ..self.wc(wqe.wr_id, WcStatus::Success, WcOpcode::Recv)
+        };
+        let needed = 40 + data.len() as u64;
+        if needed > wqe.len {
+            wc.status = WcStatus::LocLenErr;
+            self.recv_cq.push_back(wc);
+            return;
+        }
+        let grh = grh_area(src.ip(), self.cfg.local.ip(), data.len());
+        let pd = self.cfg.pd;
+        if scatter(mem, pd, &wqe.sgl, 0, &grh).and_then(|_| scatter(mem, pd, &wqe.sgl, 40, data)).is_err() {
+            wc.status = WcStatus::LocProtErr;
+        } else {
+            wc.byte_len = needed as u32;
+        }
+        self.recv_cq.push_back(wc);
+    }
+
+    /// The next answer to send: one ACK, NAK or atomic ACK, or one READ response packet.
+    pub(super) fn next_response(&mut self, buf: &mut [u8], mem: &dyn Memory) -> Option<Transmit> {
+        let dst = self.peer()?;
+        let dest_qp = self.dest_qpn;
+        let msn = self.resp.msn;
+        let pmtu = u64::from(self.mtu.bytes());
+        let rc = |op| Opcode::from_parts(Transport::Rc, op);
+        let front = self.resp.tx.front_mut()?;
+        let (repr, payload, done) = match *front {
+            Answer::Ack { psn, syndrome } => {
+                let mut r = PacketRepr::new(BthRepr::new(rc(Operation::Acknowledge)?, dest_qp, psn), 0);
+                r.ext.aeth = Some(AethRepr { syndrome, msn });
+                (r, Vec::new(), true)
+            }
+            Answer::AtomicAck { psn, orig } => {
+                let mut r = PacketRepr::new(BthRepr::new(rc(Operation::AtomicAcknowledge)?, dest_qp, psn), 0);
+                r.ext.aeth = Some(AethRepr { syndrome: AethSyndrome::ACK, msn });
+                r.ext.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
+                (r, Vec::new(), true)
+            }
+            Answer::Read { psn, va, rkey, len, ref mut sent } => {
+                let plen = (len - *sent).min(pmtu);
+                let idx = *sent / pmtu;
+                let last = *sent + plen == len;
+                let op = match (len <= pmtu, idx == 0, last) {
+                    (true, _, _) => Operation::RdmaReadResponseOnly,
+                    (false, true, _) => Operation::RdmaReadResponseFirst,
+                    (false, false, true) => Operation::RdmaReadResponseLast,
+                    (false, false, false) => Operation::RdmaReadResponseMiddle,
+                };
+                let opcode = rc(op)?;
+                let mut r = PacketRepr::new(BthRepr::new(opcode, dest_qp, psn + idx as u32), plen as usize);
+                if opcode.headers().contains(crate::wire::HeaderKind::Aeth) {
+                    r.ext.aeth = Some(AethRepr { syndrome: AethSyndrome::ACK, msn });
+                }
+                let seg =
+                    Segment { key: MemKey::Remote(rkey), addr: va.wrapping_add(*sent), len: plen as u32 };
+                *sent += plen;
+                (r, if plen > 0 { vec![seg] } else { Vec::new() }, last)
+            }
+        };
+        if done {
+            self.resp.tx.pop_front();
+        }
+        let head_len = repr.emit_headers(buf).ok()?;
+        let pad = usize::from(pad_count(repr.payload_len));
+        match self.finish_packet(dst, &buf[..head_len], payload, pad, mem) {
+            Ok(t) => Some(t),
+            Err(_) => {
+                // The region went away while its READ was being answered.
+                let psn = repr.bth.psn;
+                self.resp.tx.clear();
+                self.responder_fatal(psn, NakCode::RemoteAccessError);
+                self.next_response(buf, mem)
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Send,
+    Write,
+    Read,
+    Atomic,
+}
+
+impl Kind {
+    fn of(op: Operation) -> Kind {
+        use Operation as O;
+        match op {
+            O::RdmaWriteFirst
+            | O::RdmaWriteMiddle
+            | O::RdmaWriteLast
+            | O::RdmaWriteLastWithImmediate
+            | O::RdmaWriteOnly
+            | O::RdmaWriteOnlyWithImmediate
+            | O::AtomicWrite
+            | O::Flush => Kind::Write,
+            O::RdmaReadRequest => Kind::Read,
+            O::CompareSwap | O::FetchAdd => Kind::Atomic,
+            _ => Kind::Send,
+        }
+    }
+}
+
+/// The 40 bytes a UD receive buffer starts with: the IPv6 header, or for IPv4 twenty zero
+/// bytes and the IPv4 header. A socket does not show the real header, so it is rebuilt from
+/// what is known (addresses, lengths; TTL 64, DF, ID 0), with a valid IPv4 checksum, which
+/// is what consumers such as `ib_get_rdma_header_version` look at.
+fn grh_area(src: IpAddr, dst: IpAddr, payload_len: usize) -> [u8; 40] {
+    use crate::wire::ip::{Ipv4Repr, Ipv6Repr, PROTO_UDP};
+    let mut g = [0u8; 40];
+    let udp_len = 8 + 12 + 8 + payload_len + usize::from(pad_count(payload_len)) + 4;
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let h = Ipv4Repr {
+                src: s,
+                dst: d,
+                tos: 0,
+                ident: 0,
+                dont_fragment: true,
+                more_fragments: false,
+                frag_offset: 0,
+                ttl: 64,
+                protocol: PROTO_UDP,
+                header_len: 20,
+                total_len: (20 + udp_len) as u16,
+            };
+            let mut b = [0u8; 20];
+            h.emit(&mut b);
+            g[20..].copy_from_slice(&b);
+        }
+        (s, d) => {
+            let v6 = |a: IpAddr| match a {
+                IpAddr::V4(v) => v.to_ipv6_mapped(),
+                IpAddr::V6(v) => v,
+            };
+            let h = Ipv6Repr {
+                src: v6(s),
+                dst: v6(d),
+                traffic_class: 0,
+                flow_label: 0,
+                payload_len: udp_len as u16,
+                next_header: PROTO_UDP,
+                hop_limit: 64,
+            };
+            h.emit(&mut g);
+        }
+    }
+    g
+}
