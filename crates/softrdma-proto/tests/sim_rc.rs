@@ -2,104 +2,11 @@
 //! path MTU and up to 1 MiB, over a clean and an impaired network; every byte and every
 //! completion is checked, and memory outside the target range must stay untouched.
 
-use std::time::Duration;
+mod common;
 
-use softrdma_proto::memory::{Access, PdId};
-use softrdma_proto::qp::{
-    QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
-};
-use softrdma_proto::sim::{ConnectParams, Impairments, Sim};
-use softrdma_proto::{Lkey, Qpn, Rkey};
-
-const PMTU: usize = 1024;
-const MIB: usize = 1 << 20;
-const REGION: usize = 2 * MIB + 4096;
-const A_BASE: u64 = 0x1000_0000;
-const B_BASE: u64 = 0x7000_0000;
-/// Offset of the target range inside each region: bytes before and after it are guards.
-const OFF: usize = 64;
-
-struct Pair {
-    sim: Sim,
-    qa: Qpn,
-    qb: Qpn,
-    a: (Lkey, Rkey),
-    b: (Lkey, Rkey),
-}
-
-fn all_access() -> Access {
-    Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC
-}
-
-impl Pair {
-    fn new(seed: u64, imp: Impairments) -> Pair {
-        Pair::with(seed, imp, ConnectParams::default())
-    }
-
-    fn with(seed: u64, imp: Impairments, params: ConnectParams) -> Pair {
-        let mut sim = Sim::new(seed, imp, 2);
-        let (qa, qb) = sim.connect(0, 1, QpType::Rc, params);
-        let a = sim.nodes[0].mem.register(PdId(1), A_BASE, REGION, all_access()).unwrap();
-        let b = sim.nodes[1].mem.register(PdId(1), B_BASE, REGION, all_access()).unwrap();
-        // Recognisable, different contents everywhere, guards included.
-        for (i, x) in sim.nodes[0].mem.bytes_mut(a.0).unwrap().iter_mut().enumerate() {
-            *x = (i * 7 + 3) as u8;
-        }
-        for (i, x) in sim.nodes[1].mem.bytes_mut(b.0).unwrap().iter_mut().enumerate() {
-            *x = (i * 13 + 5) as u8;
-        }
-        Pair { sim, qa, qb, a, b }
-    }
-
-    fn a_bytes(&self) -> Vec<u8> {
-        self.sim.nodes[0].mem.bytes(self.a.0).unwrap().to_vec()
-    }
-    fn b_bytes(&self) -> Vec<u8> {
-        self.sim.nodes[1].mem.bytes(self.b.0).unwrap().to_vec()
-    }
-
-    fn post_send(&mut self, wr: SendWr) {
-        let node = &mut self.sim.nodes[0];
-        node.endpoint.qp_mut(self.qa).unwrap().post_send(wr, &node.mem).unwrap();
-    }
-
-    fn post_recv(&mut self, wr_id: u64, len: usize) {
-        let sge = Sge { addr: B_BASE + OFF as u64, length: len as u32, lkey: self.b.0 };
-        let qp = self.sim.nodes[1].endpoint.qp_mut(self.qb).unwrap();
-        qp.post_recv(RecvWr { wr_id, sg_list: vec![sge] }).unwrap();
-    }
-
-    /// Runs until `n_send` send completions at A and `n_recv` receive completions at B.
-    fn complete(&mut self, n_send: usize, n_recv: usize) -> (Vec<WorkCompletion>, Vec<WorkCompletion>) {
-        let (qa, qb) = (self.qa, self.qb);
-        let mut sends = Vec::new();
-        let mut recvs = Vec::new();
-        let done = self.sim.run_until(Duration::from_secs(600), |sim| {
-            while let Some(wc) = sim.nodes[0].endpoint.qp_mut(qa).unwrap().poll_send_completion() {
-                sends.push(wc);
-            }
-            while let Some(wc) = sim.nodes[1].endpoint.qp_mut(qb).unwrap().poll_recv_completion() {
-                recvs.push(wc);
-            }
-            sends.len() >= n_send && recvs.len() >= n_recv
-        });
-        assert!(
-            done,
-            "timed out: {} of {n_send} send and {} of {n_recv} recv completions",
-            sends.len(),
-            recvs.len()
-        );
-        (sends, recvs)
-    }
-}
-
-fn sge(lkey: Lkey, base: u64, len: usize) -> Vec<Sge> {
-    vec![Sge { addr: base + OFF as u64, length: len as u32, lkey }]
-}
-
-fn signaled() -> SendFlags {
-    SendFlags { signaled: true, ..SendFlags::default() }
-}
+use common::*;
+use softrdma_proto::qp::{SendOp, SendWr, Sge, WcOpcode, WcStatus};
+use softrdma_proto::sim::Impairments;
 
 const SIZES: [usize; 6] = [0, 1, PMTU - 1, PMTU, PMTU + 1, MIB];
 
