@@ -444,7 +444,7 @@ impl QueuePair {
             self.recv_cq.push_back(wc);
             return;
         }
-        let grh = grh_area(src.ip(), self.cfg.local.ip(), data.len());
+        let grh = grh_area(src.ip(), self.cfg.local.ip(), pkt.as_bytes().len());
         let pd = self.cfg.pd;
         if scatter(mem, pd, &wqe.sgl, 0, &grh).and_then(|_| scatter(mem, pd, &wqe.sgl, 40, data)).is_err() {
             wc.status = WcStatus::LocProtErr;
@@ -544,10 +544,10 @@ impl Kind {
 /// bytes and the IPv4 header. A socket does not show the real header, so it is rebuilt from
 /// what is known (addresses, lengths; TTL 64, DF, ID 0), with a valid IPv4 checksum, which
 /// is what consumers such as `ib_get_rdma_header_version` look at.
-fn grh_area(src: IpAddr, dst: IpAddr, payload_len: usize) -> [u8; 40] {
+fn grh_area(src: IpAddr, dst: IpAddr, udp_payload_len: usize) -> [u8; 40] {
     use crate::wire::ip::{Ipv4Repr, Ipv6Repr, PROTO_UDP};
     let mut g = [0u8; 40];
-    let udp_len = 8 + 12 + 8 + payload_len + usize::from(pad_count(payload_len)) + 4;
+    let udp_len = 8 + udp_payload_len;
     match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             let h = Ipv4Repr {
