@@ -9,6 +9,7 @@
 mod memory;
 mod network;
 mod rng;
+mod workload;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -16,6 +17,7 @@ use std::time::Duration;
 pub use memory::{RegisterError, SimMemory, WriteRecord};
 pub use network::{Datagram, Impairments, NetStats, Network};
 pub use rng::Rng;
+pub use workload::{run_workload, WorkloadConfig, WorkloadReport};
 
 use crate::endpoint::Endpoint;
 use crate::memory::{Access, PdId};

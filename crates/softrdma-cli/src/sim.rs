@@ -1,0 +1,98 @@
+//! `softrdma sim`: a mixed RC workload between two simulated endpoints over an impaired
+//! network, every byte and completion checked.
+
+use std::time::{Duration, Instant};
+
+use softrdma_proto::qp::Mtu;
+use softrdma_proto::sim::{run_workload, ConnectParams, Impairments, WorkloadConfig};
+
+/// Arguments of `softrdma sim`.
+#[derive(Debug, clap::Args)]
+pub struct SimArgs {
+    /// Operations to run (SEND, WRITE, READ, atomics, with and without immediate data).
+    #[arg(long, default_value_t = 10_000)]
+    pub ops: u64,
+    /// Datagrams lost, in percent.
+    #[arg(long, default_value_t = 0.0, value_parser = percent)]
+    pub loss: f64,
+    /// Datagrams duplicated, in percent.
+    #[arg(long, default_value_t = 0.0, value_parser = percent)]
+    pub dup: f64,
+    /// Datagrams delayed past later ones, in percent.
+    #[arg(long, default_value_t = 0.0, value_parser = percent)]
+    pub reorder: f64,
+    /// Datagrams with flipped bits, in percent (the ICRC must catch every one).
+    #[arg(long, default_value_t = 0.0, value_parser = percent)]
+    pub corrupt: f64,
+    /// Seed of the workload and of the network's impairments.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Operations in flight at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub depth: u16,
+    /// Largest message in bytes.
+    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u32).range(8..=(1 << 24)))]
+    pub max_size: u32,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096.
+    #[arg(short = 'm', long, default_value_t = 1024, value_parser = mtu)]
+    pub mtu: u32,
+}
+
+fn percent(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=100.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not a percentage between 0 and 100"))
+    }
+}
+
+fn mtu(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(v @ (256 | 512 | 1024 | 2048 | 4096)) => Ok(v),
+        _ => Err(format!("{s:?} is not one of 256, 512, 1024, 2048, 4096")),
+    }
+}
+
+/// Runs the command; returns the process exit status.
+pub fn run(args: &SimArgs) -> i32 {
+    let mtu = match args.mtu {
+        256 => Mtu::Mtu256,
+        512 => Mtu::Mtu512,
+        1024 => Mtu::Mtu1024,
+        2048 => Mtu::Mtu2048,
+        _ => Mtu::Mtu4096,
+    };
+    let cfg = WorkloadConfig {
+        ops: args.ops,
+        seed: args.seed,
+        impairments: Impairments::from_percent(args.loss, args.dup, args.reorder, args.corrupt),
+        depth: usize::from(args.depth),
+        max_size: args.max_size as usize,
+        params: ConnectParams { mtu, ..ConnectParams::default() },
+        time_limit: Duration::from_secs(24 * 3600),
+    };
+    let start = Instant::now();
+    let r = run_workload(cfg);
+    let wall = start.elapsed();
+    for p in &r.problems {
+        eprintln!("error: {p}");
+    }
+    println!("network: {}", r.net);
+    let q = r.requester;
+    println!(
+        "requester: packets={} retransmits={} timeouts={} seq-naks={} rnr-naks={}",
+        q.packets_sent, q.retransmits, q.timeouts, q.seq_naks_received, q.rnr_naks_received
+    );
+    println!(
+        "ops={} completed={} data-errors={} status-errors={} bytes={} virtual-time={:.3}s wall={:.3}s",
+        r.ops,
+        r.completed,
+        r.data_errors,
+        r.status_errors,
+        r.bytes,
+        r.virtual_time.as_secs_f64(),
+        wall.as_secs_f64()
+    );
+    i32::from(r.data_errors + r.status_errors > 0 || r.completed != args.ops)
+}

@@ -1,0 +1,382 @@
+//! A mixed RC workload with end-to-end checks, run in the simulator: the engine of
+//! `softrdma sim` and of the randomized transport tests.
+//!
+//! Node 0 posts SENDs (with and without immediate), WRITEs (with and without immediate),
+//! READs, FetchAdds and CompareSwaps to node 1, keeping `depth` operations in flight, with
+//! sizes mostly small and now and then up to `max_size`. Every operation has its own
+//! memory slots, filled with fresh random bytes, so that every byte that lands can be
+//! checked; atomics run on one shared counter whose value the checker tracks. Completions
+//! must arrive in posting order, with success, the right opcode and length.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use super::{ConnectParams, Impairments, NetStats, Rng, Sim};
+use crate::memory::{Access, PdId};
+use crate::qp::{
+    QpStats, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+};
+use crate::{Lkey, Qpn, Rkey};
+
+/// What to run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkloadConfig {
+    /// Operations to complete.
+    pub ops: u64,
+    /// Seed of the workload and the network.
+    pub seed: u64,
+    /// Network impairments.
+    pub impairments: Impairments,
+    /// Operations in flight at once.
+    pub depth: usize,
+    /// Largest message.
+    pub max_size: usize,
+    /// Connection attributes.
+    pub params: ConnectParams,
+    /// Give up after this much virtual time.
+    pub time_limit: Duration,
+}
+
+impl Default for WorkloadConfig {
+    fn default() -> WorkloadConfig {
+        WorkloadConfig {
+            ops: 1000,
+            seed: 1,
+            impairments: Impairments::default(),
+            depth: 16,
+            max_size: 64 << 10,
+            params: ConnectParams::default(),
+            time_limit: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WorkloadReport {
+    /// Operations posted.
+    pub ops: u64,
+    /// Operations completed with their checks run.
+    pub completed: u64,
+    /// Operations whose data (landed bytes, fetched values) was wrong.
+    pub data_errors: u64,
+    /// Completions with a wrong status, opcode, length or order, or never completed.
+    pub status_errors: u64,
+    /// Bytes moved by completed operations.
+    pub bytes: u64,
+    /// Virtual time at the end.
+    pub virtual_time: Duration,
+    /// Network counters.
+    pub net: NetStats,
+    /// The requester QP's counters.
+    pub requester: QpStats,
+    /// The first few problems, described.
+    pub problems: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Send,
+    SendImm,
+    Write,
+    WriteImm,
+    Read,
+    FetchAdd,
+    CompareSwap,
+}
+
+struct Op {
+    kind: Kind,
+    len: usize,
+    slot: usize,
+    /// Bytes that must land (SEND, WRITE at node 1; READ at node 0).
+    data: Vec<u8>,
+    /// For atomics, the value the counter must have held.
+    atomic_before: u64,
+    imm: u32,
+    /// Completions still awaited: the send's, and for SEND and WRITE_WITH_IMM the receive's.
+    awaiting: u8,
+}
+
+const A_BASE: u64 = 0x10_0000_0000;
+const B_BASE: u64 = 0x20_0000_0000;
+
+struct Run {
+    sim: Sim,
+    rng: Rng,
+    cfg: WorkloadConfig,
+    qa: Qpn,
+    qb: Qpn,
+    a: (Lkey, Rkey),
+    b: (Lkey, Rkey),
+    /// Counter address at node 1, after the slots.
+    counter_off: usize,
+    counter: u64,
+    ops: HashMap<u64, Op>,
+    /// Send completions expected, in order.
+    send_order: VecDeque<u64>,
+    /// Receive completions expected at node 1, in order.
+    recv_order: VecDeque<u64>,
+    free_slots: Vec<usize>,
+    report: WorkloadReport,
+}
+
+/// Runs the workload.
+pub fn run_workload(cfg: WorkloadConfig) -> WorkloadReport {
+    let mut sim = Sim::new(cfg.seed, cfg.impairments, 2);
+    let (qa, qb) = sim.connect(0, 1, QpType::Rc, cfg.params);
+    let slot_len = cfg.max_size.max(8);
+    let region = slot_len * cfg.depth + 64;
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let a = sim.nodes[0].mem.register(PdId(1), A_BASE, region, all).expect("region");
+    let b = sim.nodes[1].mem.register(PdId(1), B_BASE, region, all).expect("region");
+    let mut run = Run {
+        sim,
+        rng: Rng::new(cfg.seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0xA5A5),
+        cfg,
+        qa,
+        qb,
+        a,
+        b,
+        counter_off: slot_len * cfg.depth,
+        counter: 0,
+        ops: HashMap::new(),
+        send_order: VecDeque::new(),
+        recv_order: VecDeque::new(),
+        free_slots: (0..cfg.depth).rev().collect(),
+        report: WorkloadReport::default(),
+    };
+    run.go();
+    run.report
+}
+
+impl Run {
+    fn slot_len(&self) -> usize {
+        self.cfg.max_size.max(8)
+    }
+
+    fn problem(&mut self, data: bool, what: String) {
+        if data {
+            self.report.data_errors += 1;
+        } else {
+            self.report.status_errors += 1;
+        }
+        if self.report.problems.len() < 10 {
+            self.report.problems.push(what);
+        }
+    }
+
+    fn size(&mut self) -> usize {
+        let max = self.cfg.max_size as u64;
+        let r = self.rng.below(100);
+        let cap = if r < 70 {
+            256
+        } else if r < 95 {
+            4096
+        } else {
+            max
+        };
+        self.rng.below(cap.min(max) + 1) as usize
+    }
+
+    fn post_next(&mut self, wr_id: u64) {
+        let slot = self.free_slots.pop().expect("a free slot when below depth");
+        let kind = match self.rng.below(14) {
+            0..=2 => Kind::Send,
+            3..=4 => Kind::SendImm,
+            5..=7 => Kind::Write,
+            8 => Kind::WriteImm,
+            9..=10 => Kind::Read,
+            11..=12 => Kind::FetchAdd,
+            _ => Kind::CompareSwap,
+        };
+        let atomic = matches!(kind, Kind::FetchAdd | Kind::CompareSwap);
+        let len = if atomic { 8 } else { self.size() };
+        let off = slot * self.slot_len();
+        let (a_addr, b_addr) = (A_BASE + off as u64, B_BASE + off as u64);
+        let mut data = vec![0u8; len];
+        self.rng.fill(&mut data);
+        let imm = self.rng.next_u32();
+        match kind {
+            Kind::Read => {
+                let b = self.sim.nodes[1].mem.bytes_mut(self.b.0).expect("region");
+                b[off..off + len].copy_from_slice(&data);
+            }
+            Kind::FetchAdd | Kind::CompareSwap => {}
+            _ => {
+                let a = self.sim.nodes[0].mem.bytes_mut(self.a.0).expect("region");
+                a[off..off + len].copy_from_slice(&data);
+            }
+        }
+        if matches!(kind, Kind::Send | Kind::SendImm | Kind::WriteImm) {
+            let sge = Sge { addr: b_addr, length: self.slot_len() as u32, lkey: self.b.0 };
+            let qp = self.sim.nodes[1].endpoint.qp_mut(self.qb).expect("qp");
+            if let Err(e) = qp.post_recv(RecvWr { wr_id, sg_list: vec![sge] }) {
+                self.problem(false, format!("post_recv {wr_id}: {e}"));
+            }
+            self.recv_order.push_back(wr_id);
+        }
+        let counter = B_BASE + self.counter_off as u64;
+        let rkey = self.b.1;
+        let (op, atomic_before) = match kind {
+            Kind::Send => (SendOp::Send, 0),
+            Kind::SendImm => (SendOp::SendWithImm(imm), 0),
+            Kind::Write => (SendOp::Write { remote_addr: b_addr, rkey }, 0),
+            Kind::WriteImm => (SendOp::WriteWithImm { remote_addr: b_addr, rkey, imm }, 0),
+            Kind::Read => (SendOp::Read { remote_addr: b_addr, rkey }, 0),
+            Kind::FetchAdd => {
+                let add = self.rng.below(1000);
+                let before = self.counter;
+                self.counter = before.wrapping_add(add);
+                (SendOp::FetchAdd { remote_addr: counter, rkey, add }, before)
+            }
+            Kind::CompareSwap => {
+                let before = self.counter;
+                // Half the time the compare matches.
+                let compare = if self.rng.below(2) == 0 { before } else { before ^ 1 };
+                let swap = self.rng.next_u64();
+                if compare == before {
+                    self.counter = swap;
+                }
+                (SendOp::CompareSwap { remote_addr: counter, rkey, compare, swap }, before)
+            }
+        };
+        let wr = SendWr {
+            wr_id,
+            op,
+            sg_list: vec![Sge { addr: a_addr, length: len as u32, lkey: self.a.0 }],
+            flags: SendFlags { signaled: true, ..SendFlags::default() },
+            ud: None,
+        };
+        let node = &mut self.sim.nodes[0];
+        let qp = node.endpoint.qp_mut(self.qa).expect("qp");
+        if let Err(e) = qp.post_send(wr, &node.mem) {
+            self.problem(false, format!("post_send {wr_id}: {e}"));
+        }
+        let awaiting = if matches!(kind, Kind::Send | Kind::SendImm | Kind::WriteImm) { 2 } else { 1 };
+        self.ops.insert(wr_id, Op { kind, len, slot, data, atomic_before, imm, awaiting });
+        self.send_order.push_back(wr_id);
+        self.report.ops += 1;
+    }
+
+    /// One completion of `op` arrived; when it has all it awaits, it is done.
+    fn settle(&mut self, wr_id: u64) {
+        let Some(op) = self.ops.get_mut(&wr_id) else { return };
+        op.awaiting -= 1;
+        if op.awaiting == 0 {
+            let op = self.ops.remove(&wr_id).expect("present");
+            self.free_slots.push(op.slot);
+            self.report.bytes += op.len as u64;
+            self.report.completed += 1;
+        }
+    }
+
+    fn check_send_wc(&mut self, wc: WorkCompletion) {
+        let Some(wr_id) = self.send_order.pop_front() else {
+            return self.problem(false, format!("send completion {} with nothing pending", wc.wr_id));
+        };
+        let Some(op) = self.ops.get(&wr_id) else { return };
+        let want = match op.kind {
+            Kind::Send | Kind::SendImm => WcOpcode::Send,
+            Kind::Write | Kind::WriteImm => WcOpcode::RdmaWrite,
+            Kind::Read => WcOpcode::RdmaRead,
+            Kind::FetchAdd => WcOpcode::FetchAdd,
+            Kind::CompareSwap => WcOpcode::CompareSwap,
+        };
+        let off = op.slot * self.slot_len();
+        let (kind, len) = (op.kind, op.len);
+        let bytes_ok = match kind {
+            Kind::Write | Kind::WriteImm => {
+                self.sim.nodes[1].mem.bytes(self.b.0).is_some_and(|b| b[off..off + len] == op.data[..])
+            }
+            Kind::Read => {
+                self.sim.nodes[0].mem.bytes(self.a.0).is_some_and(|a| a[off..off + len] == op.data[..])
+            }
+            Kind::FetchAdd | Kind::CompareSwap => self.sim.nodes[0]
+                .mem
+                .bytes(self.a.0)
+                .is_some_and(|a| a[off..off + 8] == op.atomic_before.to_ne_bytes()),
+            Kind::Send | Kind::SendImm => true,
+        };
+        if wc.wr_id != wr_id || wc.status != WcStatus::Success || wc.opcode != want {
+            self.problem(
+                false,
+                format!("op {wr_id} {kind:?}: completion wr {} {:?} {:?}", wc.wr_id, wc.status, wc.opcode),
+            );
+        } else if !bytes_ok {
+            self.problem(true, format!("op {wr_id} {kind:?} of {len} bytes: wrong data"));
+        }
+        self.settle(wr_id);
+    }
+
+    fn check_recv_wc(&mut self, wc: WorkCompletion) {
+        let Some(wr_id) = self.recv_order.pop_front() else {
+            return self.problem(false, format!("receive completion {} with nothing pending", wc.wr_id));
+        };
+        let Some(op) = self.ops.get(&wr_id) else { return };
+        let off = op.slot * self.slot_len();
+        let (want_op, imm) = match op.kind {
+            Kind::Send => (WcOpcode::Recv, None),
+            Kind::SendImm => (WcOpcode::Recv, Some(op.imm)),
+            _ => (WcOpcode::RecvRdmaWithImm, Some(op.imm)),
+        };
+        let landed =
+            self.sim.nodes[1].mem.bytes(self.b.0).is_some_and(|b| b[off..off + op.len] == op.data[..]);
+        let (kind, len) = (op.kind, op.len);
+        if wc.wr_id != wr_id
+            || wc.status != WcStatus::Success
+            || wc.opcode != want_op
+            || wc.byte_len as usize != len
+        {
+            self.problem(
+                false,
+                format!(
+                    "op {wr_id} {kind:?}: receive wr {} {:?} {:?} len {}",
+                    wc.wr_id, wc.status, wc.opcode, wc.byte_len
+                ),
+            );
+        } else if wc.imm_data != imm || !landed {
+            self.problem(true, format!("op {wr_id} {kind:?} of {len} bytes: wrong data or immediate"));
+        }
+        self.settle(wr_id);
+    }
+
+    fn go(&mut self) {
+        let mut next_wr = 0u64;
+        let deadline = self.cfg.time_limit;
+        loop {
+            while self.ops.len() < self.cfg.depth && next_wr < self.cfg.ops {
+                self.post_next(next_wr);
+                next_wr += 1;
+            }
+            loop {
+                let qp = self.sim.nodes[0].endpoint.qp_mut(self.qa).expect("qp");
+                let Some(wc) = qp.poll_send_completion() else { break };
+                self.check_send_wc(wc);
+            }
+            loop {
+                let qp = self.sim.nodes[1].endpoint.qp_mut(self.qb).expect("qp");
+                let Some(wc) = qp.poll_recv_completion() else { break };
+                self.check_recv_wc(wc);
+            }
+            if self.ops.is_empty() && next_wr >= self.cfg.ops {
+                break;
+            }
+            if self.ops.len() < self.cfg.depth && next_wr < self.cfg.ops {
+                continue;
+            }
+            if self.sim.now > deadline || !self.sim.advance() {
+                let stuck = self.ops.len() as u64;
+                self.problem(
+                    false,
+                    format!("{stuck} operations never completed (virtual time {:?})", self.sim.now),
+                );
+                self.report.status_errors += stuck.saturating_sub(1);
+                break;
+            }
+        }
+        self.report.virtual_time = self.sim.now;
+        self.report.net = self.sim.net.stats();
+        self.report.requester = self.sim.nodes[0].endpoint.qp(self.qa).map(|q| q.stats()).unwrap_or_default();
+    }
+}
