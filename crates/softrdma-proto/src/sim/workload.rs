@@ -126,7 +126,7 @@ pub fn run_workload(cfg: WorkloadConfig) -> WorkloadReport {
     let mut sim = Sim::new(cfg.seed, cfg.impairments, 2);
     let (qa, qb) = sim.connect(0, 1, QpType::Rc, cfg.params);
     let slot_len = cfg.max_size.max(8);
-    let region = slot_len * cfg.depth + 64;
+    let region = (slot_len * cfg.depth).next_multiple_of(8) + 64;
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let a = sim.nodes[0].mem.register(PdId(1), A_BASE, region, all).expect("region");
     let b = sim.nodes[1].mem.register(PdId(1), B_BASE, region, all).expect("region");
@@ -138,7 +138,7 @@ pub fn run_workload(cfg: WorkloadConfig) -> WorkloadReport {
         qb,
         a,
         b,
-        counter_off: slot_len * cfg.depth,
+        counter_off: (slot_len * cfg.depth).next_multiple_of(8),
         counter: 0,
         ops: HashMap::new(),
         send_order: VecDeque::new(),
@@ -341,6 +341,37 @@ impl Run {
         self.settle(wr_id);
     }
 
+    /// Every byte written since the last check must lie in memory an in-flight operation
+    /// targets: its slot at node 1 (SEND, WRITE) or node 0 (READ, atomic result), or the
+    /// atomic counter. Anything else is a stray write.
+    fn check_writes(&mut self) {
+        let slot_len = self.slot_len() as u64;
+        let counter = B_BASE + self.counter_off as u64;
+        let mut stray = Vec::new();
+        for (node, base) in [(0usize, A_BASE), (1, B_BASE)] {
+            for &(_, addr, len) in self.sim.nodes[node].mem.writes() {
+                let ok = self.ops.values().any(|op| {
+                    let targets_here = match op.kind {
+                        Kind::Send | Kind::SendImm | Kind::Write | Kind::WriteImm => node == 1,
+                        Kind::Read | Kind::FetchAdd | Kind::CompareSwap => node == 0,
+                    };
+                    let start = base + op.slot as u64 * slot_len;
+                    let atomic = matches!(op.kind, Kind::FetchAdd | Kind::CompareSwap);
+                    let end = start + if atomic { 8 } else { op.len as u64 };
+                    targets_here && addr >= start && addr + len as u64 <= end
+                        || node == 1 && atomic && addr == counter && len == 8
+                });
+                if !ok {
+                    stray.push(format!("stray write of {len} bytes at {addr:#x} on node {node}"));
+                }
+            }
+            self.sim.nodes[node].mem.clear_write_log();
+        }
+        for s in stray {
+            self.problem(true, s);
+        }
+    }
+
     fn go(&mut self) {
         let mut next_wr = 0u64;
         let deadline = self.cfg.time_limit;
@@ -365,7 +396,9 @@ impl Run {
             if self.ops.len() < self.cfg.depth && next_wr < self.cfg.ops {
                 continue;
             }
-            if self.sim.now > deadline || !self.sim.advance() {
+            let advanced = self.sim.now <= deadline && self.sim.advance();
+            self.check_writes();
+            if !advanced {
                 let stuck = self.ops.len() as u64;
                 self.problem(
                     false,
