@@ -145,6 +145,8 @@ impl QueuePair {
     fn progress(&mut self, now: Duration) {
         self.req.retry_left = self.retry_cnt;
         self.req.rnr_left = self.rnr_retry;
+        self.req.ack_every = false;
+        self.req.probe_at = None;
         self.rearm_ack_timer(now);
     }
 

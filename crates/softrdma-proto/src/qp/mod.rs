@@ -499,10 +499,7 @@ impl QueuePair {
 
     /// The earliest time at which [`Self::handle_timeout`] has work to do.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        match (self.req.ack_deadline, self.req.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.req.ack_deadline, self.req.rnr_until, self.req.probe_at].into_iter().flatten().min()
     }
 
     /// Runs the timers that are due at `now`.
@@ -591,6 +588,7 @@ impl QueuePair {
         self.req.send_idx = 0;
         self.req.ack_deadline = None;
         self.req.rnr_until = None;
+        self.req.probe_at = None;
         self.resp.abandon_message();
     }
 

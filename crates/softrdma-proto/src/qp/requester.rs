@@ -38,9 +38,14 @@ pub(super) struct Requester {
     pub(super) ack_deadline: Option<Duration>,
     /// No request leaves before this time (RNR back-off).
     pub(super) rnr_until: Option<Duration>,
+    /// Halfway through a retry interval, resend once more without spending a retry.
+    pub(super) probe_at: Option<Duration>,
     /// The PSN of the last go-back triggered by a response, to ignore repeats of it.
     pub(super) go_back_guard: Option<Psn>,
     since_ack_req: u32,
+    /// After a timeout, every packet asks for an ACK until one arrives, so that the first
+    /// packet of the resent window that gets through shows up as progress at once.
+    pub(super) ack_every: bool,
     /// Highest PSN ever sent, to count retransmissions.
     max_sent: Psn,
 }
@@ -58,8 +63,10 @@ impl Requester {
             rnr_left: 0,
             ack_deadline: None,
             rnr_until: None,
+            probe_at: None,
             go_back_guard: None,
             since_ack_req: 0,
+            ack_every: false,
             max_sent: sq_psn - 1,
         }
     }
@@ -230,6 +237,7 @@ impl QueuePair {
         let mut repr = repr;
         if rc {
             repr.bth.ack_req = last
+                || self.req.ack_every
                 || self.req.since_ack_req + 1 >= ACK_REQ_EVERY
                 || self.req.inflight() + 1 >= MAX_INFLIGHT_PSNS;
         }
@@ -317,6 +325,16 @@ impl QueuePair {
             self.req.rnr_until = None;
             self.rearm_ack_timer(now);
         }
+        if self.req.probe_at.is_some_and(|t| now >= t) {
+            // A tail-loss probe: one more go-back inside the retry interval. It spends no
+            // retry, so RETRY_EXC_ERR still comes after (retry_cnt + 1) timeouts, but each
+            // interval gives a lost packet or ACK two chances instead of one.
+            self.req.probe_at = None;
+            if self.req.inflight() > 0 && matches!(self.state, QpState::Rts | QpState::Sqd) {
+                self.req.go_back_guard = None;
+                self.go_back(self.req.acked_psn + 1);
+            }
+        }
         if !self.req.ack_deadline.is_some_and(|t| now >= t) {
             return;
         }
@@ -331,8 +349,10 @@ impl QueuePair {
         }
         self.req.retry_left -= 1;
         self.req.go_back_guard = None;
+        self.req.ack_every = true;
         self.go_back(self.req.acked_psn + 1);
         self.rearm_ack_timer(now);
+        self.req.probe_at = self.ack_timeout().map(|t| now + t / 2);
     }
 
     /// Completes the WQE at the front of the SQ with `status` and pops it, with a
