@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::memory::Memory;
-use crate::qp::{QpConfig, QueuePair, Transmit};
+use crate::qp::{QpConfig, QueuePair, Srq, SrqId, Transmit};
 use crate::wire::{icrc, Packet};
 use crate::Qpn;
 
@@ -37,6 +37,7 @@ pub struct EndpointStats {
 pub struct Endpoint {
     local: SocketAddr,
     qps: BTreeMap<u32, QueuePair>,
+    srqs: BTreeMap<u32, Srq>,
     next_qpn: u32,
     /// Where the round robin of `poll_transmit` resumes.
     cursor: u32,
@@ -49,6 +50,7 @@ impl Endpoint {
         Endpoint {
             local,
             qps: BTreeMap::new(),
+            srqs: BTreeMap::new(),
             next_qpn: FIRST_QPN,
             cursor: 0,
             stats: EndpointStats::default(),
@@ -76,6 +78,18 @@ impl Endpoint {
         let qpn = Qpn::new(n);
         self.qps.insert(n, QueuePair::new(qpn, cfg));
         qpn
+    }
+
+    /// Creates a shared receive queue.
+    pub fn create_srq(&mut self, max_wr: u32, max_sge: u32) -> SrqId {
+        let id = self.srqs.last_key_value().map_or(1, |(k, _)| k + 1);
+        self.srqs.insert(id, Srq::new(max_wr, max_sge));
+        SrqId(id)
+    }
+
+    /// A shared receive queue, mutably (to post to it).
+    pub fn srq_mut(&mut self, id: SrqId) -> Option<&mut Srq> {
+        self.srqs.get_mut(&id.0)
     }
 
     /// Destroys a QP; packets for it are dropped from now on.
@@ -117,7 +131,8 @@ impl Endpoint {
             self.stats.unknown_qp += 1;
             return;
         };
-        qp.handle_packet(now, src, &pkt, mem);
+        let srq = qp.srq().and_then(|id| self.srqs.get_mut(&id.0));
+        qp.handle_packet(now, src, &pkt, mem, srq);
     }
 
     /// The next packet any QP wants to send, taking QPs in turn.

@@ -28,6 +28,7 @@ mod attr;
 mod completer;
 mod requester;
 mod responder;
+mod srq;
 mod wr;
 
 use std::collections::VecDeque;
@@ -35,6 +36,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub use attr::{ModifyError, Mtu, QpAttr, QpState, QpType};
+pub use srq::{Srq, SrqId};
 pub use wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::memory::{Access, Memory, PdId, Segment};
@@ -90,6 +92,8 @@ pub struct QpConfig {
     pub caps: QpCaps,
     /// Every send WR is signaled.
     pub sq_sig_all: bool,
+    /// Take receive WQEs from this shared receive queue instead of the QP's own.
+    pub srq: Option<SrqId>,
 }
 
 /// Why a post was refused; nothing was queued.
@@ -224,6 +228,9 @@ struct RecvWqe {
     sgl: Vec<Sge>,
     len: u64,
 }
+
+/// Where a QP's receive WQEs come from: its own queue or its SRQ.
+type RecvSource<'a, 'b> = &'a mut Option<&'b mut Srq>;
 
 /// A queue pair.
 pub struct QueuePair {
@@ -394,10 +401,18 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Posts a receive WR.
+    /// The shared receive queue the QP takes receive WQEs from, if any.
+    pub fn srq(&self) -> Option<SrqId> {
+        self.cfg.srq
+    }
+
+    /// Posts a receive WR (not on a QP attached to an SRQ: post to the SRQ).
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
         if self.state == QpState::Reset {
             return Err(PostError::InvalidState(self.state));
+        }
+        if self.cfg.srq.is_some() {
+            return Err(PostError::Unsupported);
         }
         if wr.sg_list.len() > self.cfg.caps.max_recv_sge as usize {
             return Err(PostError::TooManySge);
@@ -507,13 +522,15 @@ impl QueuePair {
         self.requester_timeout(now);
     }
 
-    /// Handles a packet addressed to this QP that passed the ICRC check, from `src`.
+    /// Handles a packet addressed to this QP that passed the ICRC check, from `src`. `srq`
+    /// is the QP's shared receive queue, if it has one.
     pub fn handle_packet(
         &mut self,
         now: Duration,
         src: SocketAddr,
         pkt: &Packet<&[u8]>,
         mem: &mut dyn Memory,
+        mut srq: Option<&mut Srq>,
     ) {
         let op = pkt.opcode();
         let transport_ok = match self.cfg.qp_type {
@@ -528,7 +545,12 @@ impl QueuePair {
             return;
         }
         if op.is_request() {
-            self.handle_request(now, src, pkt, mem);
+            if self.cfg.srq.is_some() && srq.is_none() {
+                // The runtime must pass the SRQ; without it, nothing can be received.
+                self.stats.dropped += 1;
+                return;
+            }
+            self.handle_request(now, src, pkt, mem, &mut srq);
         } else if self.state != QpState::Rtr {
             self.handle_response(now, pkt, mem);
         }
@@ -636,6 +658,28 @@ impl QueuePair {
 
     fn access_allows(&self, need: Access) -> bool {
         self.access.contains(need)
+    }
+
+    fn rq_is_empty(&self, srq: &Option<&mut Srq>) -> bool {
+        match srq {
+            Some(s) => s.is_empty(),
+            None => self.rq.is_empty(),
+        }
+    }
+
+    fn rq_take(&mut self, srq: RecvSource<'_, '_>) -> Option<RecvWqe> {
+        match srq {
+            Some(s) => s.take(),
+            None => self.rq.pop_front(),
+        }
+    }
+
+    /// Puts back a receive WQE whose message was abandoned (UC), to be used next.
+    fn rq_return(&mut self, srq: RecvSource<'_, '_>, wqe: RecvWqe) {
+        match srq {
+            Some(s) => s.put_back(wqe),
+            None => self.rq.push_front(wqe),
+        }
     }
 }
 

@@ -9,7 +9,10 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use super::{scatter, QpType, QueuePair, RecvWqe, Transmit, WcOpcode, WcStatus, WorkCompletion, MAX_MESSAGE};
+use super::{
+    scatter, QpType, QueuePair, RecvSource, RecvWqe, Transmit, WcOpcode, WcStatus, WorkCompletion,
+    MAX_MESSAGE,
+};
 use crate::memory::{Access, AtomicOp, MemError, MemKey, Memory, Segment};
 use crate::wire::{
     pad_count, AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, Packet,
@@ -110,15 +113,22 @@ impl QueuePair {
         src: SocketAddr,
         pkt: &Packet<&[u8]>,
         mem: &mut dyn Memory,
+        srq: RecvSource<'_, '_>,
     ) {
         match self.cfg.qp_type {
-            QpType::Ud => self.ud_receive(src, pkt, mem),
-            QpType::Uc => self.uc_receive(src, pkt, mem),
-            QpType::Rc => self.rc_receive(src, pkt, mem),
+            QpType::Ud => self.ud_receive(src, pkt, mem, srq),
+            QpType::Uc => self.uc_receive(src, pkt, mem, srq),
+            QpType::Rc => self.rc_receive(src, pkt, mem, srq),
         }
     }
 
-    fn rc_receive(&mut self, src: SocketAddr, pkt: &Packet<&[u8]>, mem: &mut dyn Memory) {
+    fn rc_receive(
+        &mut self,
+        src: SocketAddr,
+        pkt: &Packet<&[u8]>,
+        mem: &mut dyn Memory,
+        srq: RecvSource<'_, '_>,
+    ) {
         let psn = pkt.bth().psn();
         let d = psn.distance(self.resp.epsn);
         if d > 0 {
@@ -138,7 +148,7 @@ impl QueuePair {
             self.duplicate(pkt, mem);
             return;
         }
-        match self.execute(src, pkt, mem) {
+        match self.execute(src, pkt, mem, srq) {
             Ok(()) => self.resp.nak_sent = false,
             Err(Fault::Rnr) => {
                 self.stats.rnr_naks_sent += 1;
@@ -160,7 +170,13 @@ impl QueuePair {
         self.enter_error();
     }
 
-    fn execute(&mut self, src: SocketAddr, pkt: &Packet<&[u8]>, mem: &mut dyn Memory) -> Result<(), Fault> {
+    fn execute(
+        &mut self,
+        src: SocketAddr,
+        pkt: &Packet<&[u8]>,
+        mem: &mut dyn Memory,
+        srq: RecvSource<'_, '_>,
+    ) -> Result<(), Fault> {
         let inv = Fault::Fatal(NakCode::InvalidRequest);
         let op = pkt.opcode();
         let bth = pkt.bth();
@@ -204,14 +220,14 @@ impl QueuePair {
         if !len_ok {
             return Err(inv);
         }
-        if op.consumes_recv_wqe() && self.rq.is_empty() {
+        if op.consumes_recv_wqe() && self.rq_is_empty(srq) {
             return Err(Fault::Rnr);
         }
         let pd = self.cfg.pd;
         match kind {
             Kind::Send => {
                 if matches!(pos, Position::First | Position::Only) {
-                    let wqe = self.rq.pop_front().ok_or(Fault::Rnr)?;
+                    let wqe = self.rq_take(srq).ok_or(Fault::Rnr)?;
                     self.resp.cur = Current::Send { wqe, offset: 0 };
                 }
                 let Current::Send { wqe, offset } = &mut self.resp.cur else { return Err(inv) };
@@ -280,7 +296,7 @@ impl QueuePair {
                     self.resp.cur = Current::None;
                     self.resp.msn = self.resp.msn.wrapping_add(1);
                     if op.consumes_recv_wqe() {
-                        let wqe = self.rq.pop_front().ok_or(Fault::Rnr)?;
+                        let wqe = self.rq_take(srq).ok_or(Fault::Rnr)?;
                         let wc = WorkCompletion {
                             byte_len: total as u32,
                             imm_data: pkt.immdt().map(|h| h.value()),
@@ -382,7 +398,13 @@ impl QueuePair {
         }
     }
 
-    fn uc_receive(&mut self, src: SocketAddr, pkt: &Packet<&[u8]>, mem: &mut dyn Memory) {
+    fn uc_receive(
+        &mut self,
+        src: SocketAddr,
+        pkt: &Packet<&[u8]>,
+        mem: &mut dyn Memory,
+        srq: RecvSource<'_, '_>,
+    ) {
         let psn = pkt.bth().psn();
         let starts = matches!(pkt.opcode().position(), Position::First | Position::Only);
         let d = psn.distance(self.resp.epsn);
@@ -393,7 +415,7 @@ impl QueuePair {
         if d > 0 || self.resp.uc_resync {
             // A gap: drop the rest of the message and resynchronise on the next FIRST or
             // ONLY. The half-filled receive WQE is reused.
-            self.abandon_uc_message();
+            self.abandon_uc_message(srq);
             if !starts {
                 self.resp.uc_resync = true;
                 self.stats.dropped += 1;
@@ -402,9 +424,9 @@ impl QueuePair {
             self.resp.uc_resync = false;
             self.resp.epsn = psn;
         }
-        if self.execute(src, pkt, mem).is_err() {
+        if self.execute(src, pkt, mem, srq).is_err() {
             // UC has no NAKs: the message is lost.
-            self.abandon_uc_message();
+            self.abandon_uc_message(srq);
             self.resp.uc_resync = true;
             self.resp.epsn = psn + 1;
             self.stats.dropped += 1;
@@ -413,19 +435,25 @@ impl QueuePair {
         self.resp.tx.clear();
     }
 
-    fn abandon_uc_message(&mut self) {
+    fn abandon_uc_message(&mut self, srq: RecvSource<'_, '_>) {
         if let Current::Send { wqe, .. } = std::mem::replace(&mut self.resp.cur, Current::None) {
-            self.rq.push_front(wqe);
+            self.rq_return(srq, wqe);
         }
     }
 
-    fn ud_receive(&mut self, src: SocketAddr, pkt: &Packet<&[u8]>, mem: &mut dyn Memory) {
+    fn ud_receive(
+        &mut self,
+        src: SocketAddr,
+        pkt: &Packet<&[u8]>,
+        mem: &mut dyn Memory,
+        srq: RecvSource<'_, '_>,
+    ) {
         let Some(deth) = pkt.deth() else { return };
         if deth.qkey() != self.qkey {
             self.stats.dropped += 1;
             return;
         }
-        let Some(wqe) = self.rq.pop_front() else {
+        let Some(wqe) = self.rq_take(srq) else {
             self.stats.dropped += 1;
             return;
         };

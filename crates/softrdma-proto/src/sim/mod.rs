@@ -21,7 +21,7 @@ pub use workload::{run_workload, WorkloadConfig, WorkloadReport};
 
 use crate::endpoint::Endpoint;
 use crate::memory::{Access, PdId};
-use crate::qp::{Mtu, QpAttr, QpCaps, QpConfig, QpState, QpType};
+use crate::qp::{Mtu, QpAttr, QpCaps, QpConfig, QpState, QpType, SrqId};
 use crate::wire::ROCEV2_PORT;
 use crate::{Psn, Qpn};
 
@@ -162,16 +162,36 @@ impl Sim {
 
     /// Creates a QP of `qp_type` on node `i`, in protection domain `pd`.
     pub fn create_qp(&mut self, i: usize, qp_type: QpType, pd: PdId, caps: QpCaps) -> Qpn {
-        let cfg = QpConfig { qp_type, pd, local: Self::addr_of(i), caps, sq_sig_all: false };
+        let cfg = QpConfig { qp_type, pd, local: Self::addr_of(i), caps, sq_sig_all: false, srq: None };
         self.nodes[i].endpoint.create_qp(cfg)
     }
 
     /// Creates and connects a QP on node `a` with one on node `b` (RC or UC), through
     /// INIT, RTR and RTS. Returns their QPNs.
     pub fn connect(&mut self, a: usize, b: usize, qp_type: QpType, p: ConnectParams) -> (Qpn, Qpn) {
+        self.connect_srq(a, b, qp_type, p, None)
+    }
+
+    /// [`Self::connect`], with node `b`'s QP drawing receive WQEs from `srq_b`.
+    pub fn connect_srq(
+        &mut self,
+        a: usize,
+        b: usize,
+        qp_type: QpType,
+        p: ConnectParams,
+        srq_b: Option<SrqId>,
+    ) -> (Qpn, Qpn) {
         let pd = PdId(1);
         let qa = self.create_qp(a, qp_type, pd, QpCaps::default());
-        let qb = self.create_qp(b, qp_type, pd, QpCaps::default());
+        let cfg = QpConfig {
+            qp_type,
+            pd,
+            local: Self::addr_of(b),
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+            srq: srq_b,
+        };
+        let qb = self.nodes[b].endpoint.create_qp(cfg);
         let psn_a = Psn::new(0xFF_FF00 + a as u32);
         let psn_b = Psn::new(0x12_3456 + b as u32);
         for (node, qpn, peer, peer_qpn, rq_psn, sq_psn) in
