@@ -1,10 +1,56 @@
-//! softrdma: RDMA verbs in user space over UDP (RoCEv2).
+//! softrdma: RDMA verbs in user space, over UDP (RoCEv2).
 //!
-//! This crate will hold what users call: devices, protection domains, memory regions,
-//! completion queues and channels, queue pairs, and the progress engine that moves packets
-//! between UDP sockets and the sans-IO transport in [`proto`]. For now it re-exports the
-//! protocol crate, whose wire layer is complete.
+//! The verbs objects as Rust values: open a [`Context`] on a local address, allocate a
+//! [`ProtectionDomain`], register [`MemoryRegion`]s, create [`CompletionQueue`]s (and a
+//! [`CompletionChannel`] for event mode), create a QP, connect it with the peer's
+//! [`EndpointInfo`] exchanged over any channel, post work requests and poll completions.
+//! Work-completion failures are statuses in completions; API misuse is an [`Error`].
+//!
+//! ```no_run
+//! use softrdma::{Access, Context, QpBuilder, ConnectOptions, SendWr, SendOp, SendFlags};
+//! # fn exchange(_: softrdma::EndpointInfo) -> softrdma::EndpointInfo { unimplemented!() }
+//! let ctx = Context::open("127.0.0.2".parse().unwrap())?;
+//! let pd = ctx.alloc_pd();
+//! let mr = pd.register(4096, Access::LOCAL_WRITE)?;
+//! let cq = ctx.create_cq(64, None)?;
+//! let prepared = pd.create_qp(&QpBuilder::rc(), &cq, &cq)?;
+//! let remote = exchange(prepared.endpoint());
+//! let qp = prepared.handshake(&remote, &ConnectOptions::default())?;
+//! qp.post_send(SendWr {
+//!     wr_id: 1,
+//!     op: SendOp::Send,
+//!     sg_list: vec![mr.sge(0, 4096)?],
+//!     flags: SendFlags { signaled: true, ..Default::default() },
+//!     ud: None,
+//! })?;
+//! let wc = cq.wait_one();
+//! # Ok::<(), softrdma::Error>(())
+//! ```
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod context;
+mod cq;
+mod engine;
+mod error;
+mod memory;
+mod pd;
+mod qp;
+mod sys;
+
+pub use context::{
+    addr_of_gid, default_port, devices, find_device, gid_of, Context, Device, DeviceAttr, MAX_CQE,
+    MAX_INLINE, MAX_MR, MAX_QP, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE, PORT_ENV,
+};
+pub use cq::{CompletionChannel, CompletionQueue, EMPTY_WC};
+pub use engine::AsyncEvent;
+pub use error::{Error, Result};
+pub use pd::{MemoryRegion, ProtectionDomain, RemoteRegion};
+pub use qp::{ConnectOptions, EndpointInfo, PreparedQp, QpBuilder, QueuePair};
 pub use softrdma_proto as proto;
+pub use softrdma_proto::memory::Access;
+pub use softrdma_proto::qp::{
+    Mtu, QpAttr, QpCaps, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+pub use softrdma_proto::{Lkey, Psn, Qkey, Qpn, Rkey};

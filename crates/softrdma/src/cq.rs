@@ -1,0 +1,232 @@
+//! Completion queues and completion channels.
+//!
+//! A CQ is a queue the application polls without a system call when it has entries. When
+//! it is empty, `poll` also drives the engine once (a non-blocking receive), so that a
+//! busy-polling thread makes progress itself instead of waiting for the progress thread.
+//! Event mode: `req_notify` arms the CQ; the next completion (or next solicited one) pushes
+//! an event to its channel and signals the channel's eventfd, a real file descriptor that
+//! works with poll, epoll or an async reactor.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use softrdma_proto::qp::WorkCompletion;
+
+use crate::context::ContextInner;
+use crate::sys::{self, EventFd};
+use crate::{Error, Result};
+
+const DISARMED: u8 = 0;
+const ARMED_ANY: u8 = 1;
+const ARMED_SOLICITED: u8 = 2;
+
+/// The state of a CQ shared with the engine.
+#[derive(Debug)]
+pub(crate) struct CqShared {
+    pub(crate) id: u32,
+    q: Mutex<VecDeque<WorkCompletion>>,
+    cap: usize,
+    armed: AtomicU8,
+    channel: Option<Arc<ChannelShared>>,
+}
+
+impl CqShared {
+    /// Queues a completion; false if the CQ is now over its size (an overrun: the
+    /// completion is kept, the caller raises the error).
+    pub(crate) fn push(self: &Arc<Self>, wc: WorkCompletion) -> bool {
+        let len = {
+            let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
+            q.push_back(wc);
+            q.len()
+        };
+        let armed = self.armed.load(Ordering::Acquire);
+        let fire =
+            armed == ARMED_ANY || (armed == ARMED_SOLICITED && (wc.solicited || wc.status as u32 != 0));
+        if fire && self.armed.swap(DISARMED, Ordering::AcqRel) != DISARMED {
+            if let Some(ch) = &self.channel {
+                ch.notify(self.clone());
+            }
+        }
+        len <= self.cap
+    }
+
+    fn pop_into(&self, out: &mut [WorkCompletion]) -> usize {
+        let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
+        let n = out.len().min(q.len());
+        for slot in out.iter_mut().take(n) {
+            if let Some(wc) = q.pop_front() {
+                *slot = wc;
+            }
+        }
+        n
+    }
+}
+
+/// A completion queue.
+#[derive(Debug, Clone)]
+pub struct CompletionQueue {
+    pub(crate) shared: Arc<CqShared>,
+    pub(crate) ctx: Arc<ContextInner>,
+}
+
+static NEXT_CQ: AtomicUsize = AtomicUsize::new(1);
+
+impl CompletionQueue {
+    pub(crate) fn new(
+        ctx: Arc<ContextInner>,
+        cqe: usize,
+        channel: Option<&CompletionChannel>,
+    ) -> Result<Self> {
+        if cqe == 0 || cqe > crate::context::MAX_CQE {
+            return Err(Error::InvalidArgument("CQ size must be 1 to max_cqe"));
+        }
+        if let Some(ch) = channel {
+            if !Arc::ptr_eq(&ch.ctx, &ctx) {
+                return Err(Error::Mismatch);
+            }
+        }
+        let shared = Arc::new(CqShared {
+            id: NEXT_CQ.fetch_add(1, Ordering::Relaxed) as u32,
+            q: Mutex::new(VecDeque::with_capacity(cqe)),
+            cap: cqe,
+            armed: AtomicU8::new(DISARMED),
+            channel: channel.map(|c| c.shared.clone()),
+        });
+        Ok(CompletionQueue { shared, ctx })
+    }
+
+    /// The CQ's number (events name CQs by it).
+    pub fn id(&self) -> u32 {
+        self.shared.id
+    }
+
+    /// The number of completions the CQ holds.
+    pub fn capacity(&self) -> usize {
+        self.shared.cap
+    }
+
+    /// Fills `out` with up to `out.len()` completions; returns how many. Drives the engine
+    /// once when nothing is queued.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let n = self.shared.pop_into(out);
+        if n > 0 || out.is_empty() {
+            return n;
+        }
+        self.ctx.shared.try_progress();
+        self.shared.pop_into(out)
+    }
+
+    /// One completion, if there is one.
+    pub fn poll_one(&self) -> Option<WorkCompletion> {
+        let mut one = [EMPTY_WC];
+        (self.poll(&mut one) == 1).then_some(one[0])
+    }
+
+    /// Busy-polls until a completion arrives.
+    pub fn wait_one(&self) -> WorkCompletion {
+        loop {
+            if let Some(wc) = self.poll_one() {
+                return wc;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Arms the CQ: the next completion (with `solicited_only`, the next solicited one or
+    /// error) produces an event on its channel.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if self.shared.channel.is_none() {
+            return Err(Error::InvalidArgument("CQ has no completion channel"));
+        }
+        let mode = if solicited_only { ARMED_SOLICITED } else { ARMED_ANY };
+        self.shared.armed.store(mode, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// A completion placeholder for output arrays.
+pub const EMPTY_WC: WorkCompletion = WorkCompletion {
+    wr_id: 0,
+    status: softrdma_proto::qp::WcStatus::Success,
+    opcode: softrdma_proto::qp::WcOpcode::Send,
+    byte_len: 0,
+    imm_data: None,
+    invalidated_rkey: None,
+    qp_num: softrdma_proto::Qpn::new(0),
+    src_qp: softrdma_proto::Qpn::new(0),
+    src: None,
+    grh: false,
+    solicited: false,
+};
+
+#[derive(Debug)]
+pub(crate) struct ChannelShared {
+    efd: EventFd,
+    events: Mutex<VecDeque<Arc<CqShared>>>,
+    unacked: AtomicUsize,
+}
+
+impl ChannelShared {
+    fn notify(&self, cq: Arc<CqShared>) {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).push_back(cq);
+        self.efd.signal();
+    }
+}
+
+/// A completion channel: where armed CQs report new completions.
+#[derive(Debug, Clone)]
+pub struct CompletionChannel {
+    shared: Arc<ChannelShared>,
+    ctx: Arc<ContextInner>,
+}
+
+impl CompletionChannel {
+    pub(crate) fn new(ctx: Arc<ContextInner>) -> Result<Self> {
+        let shared = Arc::new(ChannelShared {
+            efd: EventFd::new()?,
+            events: Mutex::new(VecDeque::new()),
+            unacked: AtomicUsize::new(0),
+        });
+        Ok(CompletionChannel { shared, ctx })
+    }
+
+    /// The next event without blocking: the CQ that has new completions.
+    pub fn try_get_event(&self) -> Option<CompletionQueue> {
+        let cq = self.shared.events.lock().unwrap_or_else(|p| p.into_inner()).pop_front()?;
+        self.shared.unacked.fetch_add(1, Ordering::Relaxed);
+        Some(CompletionQueue { shared: cq, ctx: self.ctx.clone() })
+    }
+
+    /// Blocks until an armed CQ has a new completion, and returns that CQ.
+    pub fn get_event(&self) -> Result<CompletionQueue> {
+        loop {
+            if let Some(cq) = self.try_get_event() {
+                return Ok(cq);
+            }
+            sys::wait_readable([self.shared.efd.as_raw_fd()], None)?;
+            self.shared.efd.drain();
+        }
+    }
+
+    /// Acknowledges `n` events (bookkeeping, as `ibv_ack_cq_events`).
+    pub fn ack_events(&self, n: usize) {
+        let _ = self
+            .shared
+            .unacked
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| Some(u.saturating_sub(n)));
+    }
+
+    /// Events received and not yet acknowledged.
+    pub fn unacked_events(&self) -> usize {
+        self.shared.unacked.load(Ordering::Relaxed)
+    }
+}
+
+impl AsRawFd for CompletionChannel {
+    /// Readable when an event is waiting; `get_event` clears it.
+    fn as_raw_fd(&self) -> RawFd {
+        self.shared.efd.as_raw_fd()
+    }
+}

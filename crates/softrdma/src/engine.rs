@@ -1,0 +1,280 @@
+//! The progress engine of one opened device: the UDP socket, the sans-IO endpoint, the
+//! registry of memory, and the work that moves packets between them.
+//!
+//! Who drives it:
+//! - the posting thread sends: `post_send` builds the packets and hands them to the kernel
+//!   in one `sendmmsg` batch, the payload gathered straight from registered memory;
+//! - a thread polling a completion queue that finds it empty runs one non-blocking pass
+//!   (`recvmmsg`, timers, sends) — if no one else holds the engine;
+//! - a progress thread per device sleeps on the socket, a wake-up eventfd and the next
+//!   protocol deadline, so that the passive side of WRITE, READ and atomics, ACKs and
+//!   retransmissions progress while the application does something else or nothing. It
+//!   never spins: idle, it blocks in `ppoll` with no timeout.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use softrdma_proto::endpoint::Endpoint;
+use softrdma_proto::qp::WorkCompletion;
+
+use crate::cq::CqShared;
+use crate::memory::Registry;
+use crate::sys::{self, EventFd, OutMsg, RawAddr, RecvBatch, MAX_IOV};
+
+/// Datagrams per `recvmmsg` / `sendmmsg` call.
+const BATCH: usize = 32;
+/// Room per outgoing packet: headers and inline data, then the tail, then a bounce buffer
+/// for payloads split in more pieces than an iovec array holds.
+const HEAD: usize = 1024;
+const TAIL: usize = 8;
+const BOUNCE: usize = 4096 + 8;
+const SLOT: usize = HEAD + TAIL + BOUNCE;
+/// Largest datagram accepted: a 4096-byte MTU packet with every header, and some slack.
+const RX_SLOT: usize = 4096 + 256;
+
+/// Where a QP's completions go.
+#[derive(Debug, Clone)]
+pub(crate) struct Route {
+    pub(crate) send_cq: Arc<CqShared>,
+    pub(crate) recv_cq: Arc<CqShared>,
+}
+
+/// An asynchronous event (`ibv_async_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AsyncEvent {
+    /// A completion queue overran: its QPs were moved to the error state.
+    CqError {
+        /// The CQ's handle number.
+        cq: u32,
+    },
+    /// A QP entered the error state because of a fatal error.
+    QpFatal {
+        /// The QP.
+        qpn: u32,
+    },
+    /// The port is active.
+    PortActive,
+}
+
+/// Everything behind the engine lock.
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub(crate) endpoint: Endpoint,
+    pub(crate) mem: Registry,
+    pub(crate) routes: HashMap<u32, Route>,
+    pub(crate) events: VecDeque<AsyncEvent>,
+    slots: Vec<u8>,
+    rx: RecvBatch,
+}
+
+/// One opened device, shared by all its objects and its progress thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    core: Mutex<Core>,
+    socket: UdpSocket,
+    wake: EventFd,
+    pub(crate) local: SocketAddr,
+    stop: AtomicBool,
+    epoch: Instant,
+    /// The deadline (ns since `epoch`) the progress thread is sleeping until; u64::MAX
+    /// when it sleeps without one.
+    sleeping_until: AtomicU64,
+}
+
+impl std::fmt::Debug for RecvBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecvBatch")
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(socket: UdpSocket, local: SocketAddr) -> std::io::Result<Shared> {
+        socket.set_nonblocking(true)?;
+        let core = Core {
+            endpoint: Endpoint::new(local),
+            mem: Registry::new(),
+            routes: HashMap::new(),
+            events: VecDeque::from([AsyncEvent::PortActive]),
+            slots: vec![0; BATCH * SLOT],
+            rx: RecvBatch::new(BATCH, RX_SLOT),
+        };
+        Ok(Shared {
+            core: Mutex::new(core),
+            socket,
+            wake: EventFd::new()?,
+            local,
+            stop: AtomicBool::new(false),
+            epoch: Instant::now(),
+            sleeping_until: AtomicU64::new(u64::MAX),
+        })
+    }
+
+    /// Protocol time: nanoseconds since the device was opened.
+    pub(crate) fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
+        // A panic while holding the lock leaves the protocol state as it was at that
+        // point; carrying on is better than poisoning every verbs call after it.
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs one pass if the engine is free; returns whether it ran.
+    pub(crate) fn try_progress(&self) -> bool {
+        match self.core.try_lock() {
+            Ok(mut core) => {
+                self.progress(&mut core);
+                true
+            }
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                self.progress(&mut p.into_inner());
+                true
+            }
+            Err(std::sync::TryLockError::WouldBlock) => false,
+        }
+    }
+
+    /// Receives what is waiting, runs due timers, sends what is ready and delivers
+    /// completions. Never blocks.
+    pub(crate) fn progress(&self, core: &mut Core) {
+        let fd = self.socket.as_raw_fd();
+        let now = self.now();
+        for _ in 0..8 {
+            let Core { endpoint, mem, rx, .. } = &mut *core;
+            let n = rx.recv(fd);
+            for i in 0..n {
+                if let Some((src, bytes)) = rx.get(i) {
+                    endpoint.handle_datagram(now, sys::canonical(src), bytes, mem);
+                }
+            }
+            if n < BATCH {
+                break;
+            }
+        }
+        if core.endpoint.poll_timeout().is_some_and(|t| t <= now) {
+            core.endpoint.handle_timeout(now);
+        }
+        self.flush(core);
+    }
+
+    /// Sends every packet the QPs have ready, then delivers completions.
+    pub(crate) fn flush(&self, core: &mut Core) {
+        let fd = self.socket.as_raw_fd();
+        let now = self.now();
+        loop {
+            let Core { endpoint, mem, slots, .. } = &mut *core;
+            let mut msgs: Vec<OutMsg> = Vec::with_capacity(BATCH);
+            for slot in slots.chunks_exact_mut(SLOT) {
+                let (head, rest) = slot.split_at_mut(HEAD);
+                let (tail, bounce) = rest.split_at_mut(TAIL);
+                let Some(t) = endpoint.poll_transmit(now, head, mem) else { break };
+                let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+                let mut iov = [empty; MAX_IOV];
+                iov[0] = libc::iovec { iov_base: head.as_mut_ptr().cast(), iov_len: t.head_len };
+                let mut k = 1;
+                if t.payload.len() <= MAX_IOV - 2 {
+                    for seg in &t.payload {
+                        let Some((ptr, len)) = mem.raw(t.pd, seg) else { continue };
+                        iov[k] = libc::iovec { iov_base: ptr as *mut libc::c_void, iov_len: len };
+                        k += 1;
+                    }
+                } else {
+                    // Too many pieces for the iovec array: copy them into one.
+                    let mut at = 0;
+                    for seg in &t.payload {
+                        let _ = softrdma_proto::memory::Memory::gather(&*mem, t.pd, seg, &mut |b| {
+                            let n = b.len().min(bounce.len() - at);
+                            bounce[at..at + n].copy_from_slice(&b[..n]);
+                            at += n;
+                        });
+                    }
+                    iov[k] = libc::iovec { iov_base: bounce.as_mut_ptr().cast(), iov_len: at };
+                    k += 1;
+                }
+                tail[..t.tail_len].copy_from_slice(&t.tail[..t.tail_len]);
+                iov[k] = libc::iovec { iov_base: tail.as_mut_ptr().cast(), iov_len: t.tail_len };
+                k += 1;
+                msgs.push(OutMsg { dst: RawAddr::new(t.dst), iov, iovlen: k });
+            }
+            if msgs.is_empty() {
+                break;
+            }
+            // SAFETY: every iovec points into `slots` or into a registered region resolved
+            // under the engine lock we hold, which keeps both alive through the call.
+            unsafe { sys::send_batch(fd, &mut msgs) };
+        }
+        self.deliver(core);
+    }
+
+    /// Moves completions from the QPs to their CQs.
+    fn deliver(&self, core: &mut Core) {
+        let Core { endpoint, routes, events, .. } = core;
+        let mut overrun = Vec::new();
+        for (qpn, route) in routes.iter() {
+            let Some(qp) = endpoint.qp_mut(softrdma_proto::Qpn::new(*qpn)) else { continue };
+            let mut push = |cq: &Arc<CqShared>, wc: WorkCompletion| {
+                if !cq.push(wc) {
+                    overrun.push((*qpn, cq.id));
+                }
+            };
+            while let Some(wc) = qp.poll_send_completion() {
+                push(&route.send_cq, wc);
+            }
+            while let Some(wc) = qp.poll_recv_completion() {
+                push(&route.recv_cq, wc);
+            }
+        }
+        for (qpn, cq) in overrun {
+            // Verbs semantics: an overrun CQ is an error; its QP fails. Nothing is lost:
+            // the completions stay queued beyond the CQ's size.
+            if !events.contains(&AsyncEvent::CqError { cq }) {
+                events.push_back(AsyncEvent::CqError { cq });
+            }
+            if let Some(qp) = endpoint.qp_mut(softrdma_proto::Qpn::new(qpn)) {
+                let attr = softrdma_proto::qp::QpAttr {
+                    state: Some(softrdma_proto::qp::QpState::Error),
+                    ..Default::default()
+                };
+                let _ = qp.modify(&attr);
+            }
+        }
+    }
+
+    /// Wakes the progress thread if the protocol now wants attention earlier than it
+    /// planned to wake up.
+    pub(crate) fn nudge(&self, core: &Core) {
+        let Some(deadline) = core.endpoint.poll_timeout() else { return };
+        let ns = deadline.as_nanos().min(u128::from(u64::MAX - 1)) as u64;
+        if ns < self.sleeping_until.load(Ordering::Acquire) {
+            self.wake.signal();
+        }
+    }
+
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake.signal();
+    }
+
+    /// The progress thread's loop.
+    pub(crate) fn run(self: Arc<Self>) {
+        let fds = [self.socket.as_raw_fd(), self.wake.as_raw_fd()];
+        while !self.stop.load(Ordering::Acquire) {
+            let timeout = {
+                let mut core = self.lock();
+                self.progress(&mut core);
+                let next = core.endpoint.poll_timeout();
+                let ns = next.map_or(u64::MAX, |t| t.as_nanos().min(u128::from(u64::MAX - 1)) as u64);
+                self.sleeping_until.store(ns, Ordering::Release);
+                next.map(|t| t.saturating_sub(self.now()))
+            };
+            let _ = sys::wait_readable(fds, timeout);
+            self.wake.drain();
+        }
+    }
+}

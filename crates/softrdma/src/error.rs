@@ -1,0 +1,65 @@
+//! Errors of the verbs API. Work-completion failures are not errors: they are statuses in
+//! completions. These are API misuse and system failures, each mapping onto the errno a C
+//! verbs call would return.
+
+use std::io;
+use std::net::SocketAddr;
+
+use softrdma_proto::qp::{ModifyError, PostError};
+
+/// An error from a verbs call; nothing was changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The UDP port is taken: another process (or Linux rxe) has this address and port.
+    #[error(
+        "{addr} is already in use: give this process another loopback address (any of 127.0.0.0/8, \
+         e.g. 127.0.0.2) or another UDP port (SOFTRDMA_PORT=4792, or Context::open_port)"
+    )]
+    AddressInUse {
+        /// The address and port that could not be bound.
+        addr: SocketAddr,
+    },
+    /// The address is not one of this host's.
+    #[error("{0} is not an address of this host")]
+    NoSuchDevice(std::net::IpAddr),
+    /// No device matches the name or address given.
+    #[error("no RDMA device named {0:?} (see `softrdma devices`)")]
+    UnknownDevice(String),
+    /// An argument is out of range or inconsistent.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(&'static str),
+    /// A device limit would be exceeded.
+    #[error("device limit reached: {0}")]
+    Limit(&'static str),
+    /// The QP refused a state change.
+    #[error(transparent)]
+    Modify(#[from] ModifyError),
+    /// The QP refused a work request.
+    #[error(transparent)]
+    Post(#[from] PostError),
+    /// The object belongs to another device or protection domain.
+    #[error("object belongs to another device or protection domain")]
+    Mismatch,
+    /// A system call failed.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+impl Error {
+    /// The errno a C verbs call would report.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::AddressInUse { .. } => libc::EADDRINUSE,
+            Error::NoSuchDevice(_) | Error::UnknownDevice(_) => libc::ENODEV,
+            Error::InvalidArgument(_) | Error::Modify(_) | Error::Mismatch => libc::EINVAL,
+            Error::Limit(_) => libc::ENOMEM,
+            Error::Post(PostError::QueueFull) => libc::ENOMEM,
+            Error::Post(_) => libc::EINVAL,
+            Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+}
+
+/// Result of a verbs call.
+pub type Result<T> = std::result::Result<T, Error>;

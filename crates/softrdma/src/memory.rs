@@ -1,0 +1,253 @@
+//! Registered memory and the registry through which the transport reaches it.
+//!
+//! A region's bytes live in 8-byte atomic words. The network (the progress engine) and the
+//! application touch them only with atomic loads and stores, never through a `&[u8]`, so a
+//! peer's RDMA WRITE landing while the application reads is a race on values, never
+//! undefined behaviour: the application may see old bytes, new bytes or a mix, exactly as
+//! with a hardware NIC, and is told when to look by a completion. Stores within a packet go
+//! in ascending address order, the last byte last, followed by a release fence.
+//!
+//! The engine reaches regions only through the [`Registry`], under the engine lock; a
+//! region dropped by the application leaves the registry under that same lock, so memory
+//! is never freed while a packet is being built from it or written into it.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use softrdma_proto::memory::{Access, AtomicOp, MemError, MemKey, Memory, PdId, Segment};
+use softrdma_proto::sim::Rng;
+use softrdma_proto::{Lkey, Rkey};
+
+/// The storage and identity of one memory region.
+#[derive(Debug)]
+pub(crate) struct MrInner {
+    words: Box<[AtomicU64]>,
+    len: usize,
+    pub(crate) pd: PdId,
+    pub(crate) access: Access,
+    pub(crate) lkey: Lkey,
+    pub(crate) rkey: Rkey,
+}
+
+impl MrInner {
+    /// The region's first address: where its bytes really are, as in verbs.
+    pub(crate) fn addr(&self) -> u64 {
+        self.words.as_ptr() as u64
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    fn word(&self, i: usize) -> &AtomicU64 {
+        &self.words[i]
+    }
+
+    /// Copies `out.len()` bytes from byte offset `off`.
+    pub(crate) fn read(&self, off: usize, out: &mut [u8]) {
+        fence(Ordering::Acquire);
+        let mut done = 0;
+        while done < out.len() {
+            let at = off + done;
+            let (w, b) = (at / 8, at % 8);
+            let bytes = self.word(w).load(Ordering::Relaxed).to_ne_bytes();
+            let n = (8 - b).min(out.len() - done);
+            out[done..done + n].copy_from_slice(&bytes[b..b + n]);
+            done += n;
+        }
+    }
+
+    /// Copies `data` to byte offset `off`, in ascending order, then fences.
+    pub(crate) fn write(&self, off: usize, data: &[u8]) {
+        let mut done = 0;
+        while done < data.len() {
+            let at = off + done;
+            let (w, b) = (at / 8, at % 8);
+            let n = (8 - b).min(data.len() - done);
+            let word = self.word(w);
+            if n == 8 {
+                let mut v = [0u8; 8];
+                v.copy_from_slice(&data[done..done + 8]);
+                word.store(u64::from_ne_bytes(v), Ordering::Relaxed);
+            } else {
+                let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                    let mut bytes = old.to_ne_bytes();
+                    bytes[b..b + n].copy_from_slice(&data[done..done + n]);
+                    Some(u64::from_ne_bytes(bytes))
+                });
+            }
+            done += n;
+        }
+        fence(Ordering::Release);
+    }
+
+    /// Runs an atomic on the aligned word at byte offset `off`.
+    fn atomic(&self, off: usize, op: AtomicOp) -> u64 {
+        let word = self.word(off / 8);
+        let r = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| match op {
+            AtomicOp::CompareSwap { compare, swap } => Some(if old == compare { swap } else { old }),
+            AtomicOp::FetchAdd { add } => Some(old.wrapping_add(add)),
+        });
+        match r {
+            Ok(old) | Err(old) => old,
+        }
+    }
+
+    /// The raw address of byte `off`, for handing a range to the kernel.
+    pub(crate) fn ptr(&self, off: usize) -> *const u8 {
+        (self.words.as_ptr() as *const u8).wrapping_add(off)
+    }
+
+    /// Offset of `[addr, addr + len)` in the region, if it lies inside.
+    fn offset_of(&self, addr: u64, len: u64) -> Option<usize> {
+        let off = addr.checked_sub(self.addr())?;
+        (off.checked_add(len)? <= self.len as u64).then_some(off as usize)
+    }
+}
+
+/// Every registered region of a device, by key.
+#[derive(Debug)]
+pub(crate) struct Registry {
+    by_lkey: HashMap<u32, Arc<MrInner>>,
+    by_rkey: HashMap<u32, u32>,
+    rng: Rng,
+}
+
+impl Registry {
+    pub(crate) fn new() -> Registry {
+        // The process's hash seed is random: a good enough source for unpredictable keys.
+        let seed = std::collections::hash_map::RandomState::new().build_hasher().finish();
+        Registry { by_lkey: HashMap::new(), by_rkey: HashMap::new(), rng: Rng::new(seed) }
+    }
+
+    fn fresh_key(&mut self) -> u32 {
+        loop {
+            let k = self.rng.next_u32();
+            if k != 0 && !self.by_lkey.contains_key(&k) && !self.by_rkey.contains_key(&k) {
+                return k;
+            }
+        }
+    }
+
+    /// Registers a zeroed region of `len` bytes.
+    pub(crate) fn register(&mut self, pd: PdId, len: usize, access: Access) -> Arc<MrInner> {
+        let words = (0..len.div_ceil(8).max(1)).map(|_| AtomicU64::new(0)).collect();
+        let lkey = self.fresh_key();
+        let rkey = self.fresh_key();
+        let mr = Arc::new(MrInner { words, len, pd, access, lkey: Lkey(lkey), rkey: Rkey(rkey) });
+        self.by_lkey.insert(lkey, mr.clone());
+        self.by_rkey.insert(rkey, lkey);
+        mr
+    }
+
+    /// Removes a region; its keys die at once.
+    pub(crate) fn deregister(&mut self, lkey: Lkey) {
+        if let Some(mr) = self.by_lkey.remove(&lkey.0) {
+            self.by_rkey.remove(&mr.rkey.0);
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.by_lkey.len()
+    }
+
+    fn lookup(&self, pd: PdId, key: MemKey, access: Access) -> Result<&Arc<MrInner>, MemError> {
+        let lkey = match key {
+            MemKey::Local(l) => l.0,
+            MemKey::Remote(r) => *self.by_rkey.get(&r.0).ok_or(MemError::BadKey)?,
+        };
+        let mr = self.by_lkey.get(&lkey).ok_or(MemError::BadKey)?;
+        if mr.pd != pd {
+            return Err(MemError::WrongPd);
+        }
+        if !mr.access.contains(access) {
+            return Err(MemError::NoAccess);
+        }
+        Ok(mr)
+    }
+
+    fn resolve(
+        &self,
+        pd: PdId,
+        key: MemKey,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<(&Arc<MrInner>, usize), MemError> {
+        let mr = self.lookup(pd, key, access)?;
+        if len == 0 {
+            return Ok((mr, 0));
+        }
+        let off = mr.offset_of(addr, len).ok_or(MemError::OutOfBounds)?;
+        Ok((mr, off))
+    }
+
+    /// The raw address and length of a segment, for a gather by the kernel. The pointer is
+    /// valid while the registry lock is held.
+    pub(crate) fn raw(&self, pd: PdId, seg: &Segment) -> Option<(*const u8, usize)> {
+        let access = gather_access(seg.key);
+        let (mr, off) = self.resolve(pd, seg.key, seg.addr, u64::from(seg.len), access).ok()?;
+        Some((mr.ptr(off), seg.len as usize))
+    }
+}
+
+fn gather_access(key: MemKey) -> Access {
+    match key {
+        MemKey::Local(_) => Access::NONE,
+        MemKey::Remote(_) => Access::REMOTE_READ,
+    }
+}
+
+impl Memory for Registry {
+    fn check(&self, pd: PdId, key: MemKey, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
+        self.resolve(pd, key, addr, len, access).map(|_| ())
+    }
+
+    fn gather(&self, pd: PdId, seg: &Segment, f: &mut dyn FnMut(&[u8])) -> Result<(), MemError> {
+        let (mr, off) = self.resolve(pd, seg.key, seg.addr, u64::from(seg.len), gather_access(seg.key))?;
+        let mut chunk = [0u8; 512];
+        let mut done = 0usize;
+        let len = seg.len as usize;
+        while done < len {
+            let n = (len - done).min(chunk.len());
+            mr.read(off + done, &mut chunk[..n]);
+            f(&chunk[..n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn write(
+        &mut self,
+        pd: PdId,
+        key: MemKey,
+        addr: u64,
+        data: &[u8],
+        access: Access,
+    ) -> Result<(), MemError> {
+        let (mr, off) = self.resolve(pd, key, addr, data.len() as u64, access)?;
+        mr.write(off, data);
+        Ok(())
+    }
+
+    fn atomic(&mut self, pd: PdId, key: MemKey, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
+        let access = match key {
+            MemKey::Local(_) => Access::LOCAL_WRITE,
+            MemKey::Remote(_) => Access::REMOTE_ATOMIC,
+        };
+        self.lookup(pd, key, access)?;
+        if addr % 8 != 0 {
+            return Err(MemError::Misaligned);
+        }
+        let (mr, off) = self.resolve(pd, key, addr, 8, access)?;
+        Ok(mr.atomic(off, op))
+    }
+
+    fn invalidate(&mut self, pd: PdId, rkey: Rkey) -> Result<(), MemError> {
+        let lkey = self.lookup(pd, MemKey::Remote(rkey), Access::NONE)?.lkey;
+        self.deregister(lkey);
+        Ok(())
+    }
+}

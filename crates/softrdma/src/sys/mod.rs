@@ -1,0 +1,267 @@
+//! The few system calls the runtime needs beyond `std`: batched datagram I/O
+//! (`sendmmsg`, `recvmmsg`), an eventfd for wake-ups and completion channels, `ppoll` with
+//! nanosecond timeouts, and interface enumeration. Every `unsafe` block says why it is
+//! sound; nothing here is public.
+
+pub(crate) mod interfaces;
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// An eventfd: a counter a thread can wait on with `poll`.
+#[derive(Debug)]
+pub(crate) struct EventFd(OwnedFd);
+
+impl EventFd {
+    pub(crate) fn new() -> io::Result<EventFd> {
+        // SAFETY: eventfd takes no pointers; a non-negative result is a new fd we own.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh, valid descriptor nobody else owns.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Adds one to the counter, waking pollers.
+    pub(crate) fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our own fd. A full counter (EAGAIN)
+        // still leaves it readable, which is all a waiter needs.
+        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Reads and clears the counter; 0 if it was not signalled.
+    pub(crate) fn drain(&self) -> u64 {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64 from our own non-blocking fd.
+        let n = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if n == 8 {
+            v
+        } else {
+            0
+        }
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Waits until one of `fds` is readable or `timeout` passes (`None`: forever). Returns
+/// which fds are readable.
+pub(crate) fn wait_readable<const N: usize>(
+    fds: [RawFd; N],
+    timeout: Option<Duration>,
+) -> io::Result<[bool; N]> {
+    let mut pfds = fds.map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: pfds is a valid array of N pollfds for the duration of the call; tsp is null
+    // or points to a live timespec; the signal mask pointer is null (keep the current one).
+    let r = unsafe { libc::ppoll(pfds.as_mut_ptr(), N as libc::nfds_t, tsp, std::ptr::null()) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok([false; N]);
+        }
+        return Err(e);
+    }
+    Ok(pfds.map(|p| p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0))
+}
+
+/// A socket address in the form the kernel takes.
+pub(crate) struct RawAddr {
+    storage: libc::sockaddr_storage,
+    len: libc::socklen_t,
+}
+
+impl RawAddr {
+    pub(crate) fn new(addr: SocketAddr) -> RawAddr {
+        // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
+        let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let len = match addr {
+            SocketAddr::V4(a) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: a.port().to_be(),
+                    sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in.
+                unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin) };
+                std::mem::size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(a) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: a.port().to_be(),
+                    sin6_flowinfo: a.flowinfo(),
+                    sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                    sin6_scope_id: a.scope_id(),
+                };
+                // SAFETY: as above, for sockaddr_in6.
+                unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin6) };
+                std::mem::size_of::<libc::sockaddr_in6>()
+            }
+        };
+        RawAddr { storage, len: len as libc::socklen_t }
+    }
+}
+
+/// Reads a socket address the kernel filled in.
+fn from_storage(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match s.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin: &libc::sockaddr_in = unsafe { &*(s as *const libc::sockaddr_storage).cast() };
+            let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6: &libc::sockaddr_in6 = unsafe { &*(s as *const libc::sockaddr_storage).cast() };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// One datagram to send: a destination and up to `MAX_IOV` pieces.
+pub(crate) struct OutMsg {
+    pub(crate) dst: RawAddr,
+    pub(crate) iov: [libc::iovec; MAX_IOV],
+    pub(crate) iovlen: usize,
+}
+
+/// Pieces per outgoing datagram: head, payload segments, tail.
+pub(crate) const MAX_IOV: usize = 8;
+
+/// Sends `msgs` with as few `sendmmsg` calls as possible. Returns how many went out; a
+/// datagram the kernel refuses (full buffer, unreachable) is dropped, as a lossy network
+/// would, and the transport retransmits it.
+///
+/// # Safety
+///
+/// Every iovec must point to memory that is readable for its length during the call.
+pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> usize {
+    let mut hdrs: Vec<libc::mmsghdr> = msgs
+        .iter_mut()
+        .map(|m| {
+            // SAFETY: msghdr is plain old data; all-zero is valid before we fill it in.
+            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+            h.msg_name = (&mut m.dst.storage as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = m.dst.len;
+            h.msg_iov = m.iov.as_mut_ptr();
+            h.msg_iovlen = m.iovlen as _;
+            libc::mmsghdr { msg_hdr: h, msg_len: 0 }
+        })
+        .collect();
+    let mut sent = 0;
+    let mut at = 0;
+    while at < hdrs.len() {
+        // SAFETY: hdrs[at..] are valid mmsghdrs whose names and iovecs point into `msgs`
+        // and the caller's live memory.
+        let n = unsafe {
+            libc::sendmmsg(fd, hdrs[at..].as_mut_ptr(), (hdrs.len() - at) as libc::c_uint, libc::MSG_DONTWAIT)
+        };
+        if n <= 0 {
+            // Skip the datagram the kernel refused and go on with the rest.
+            at += 1;
+            continue;
+        }
+        sent += n as usize;
+        at += n as usize;
+    }
+    sent
+}
+
+/// A batch of receive buffers for `recvmmsg`.
+pub(crate) struct RecvBatch {
+    bufs: Vec<u8>,
+    slot: usize,
+    addrs: Vec<libc::sockaddr_storage>,
+    lens: Vec<usize>,
+    count: usize,
+}
+
+impl RecvBatch {
+    pub(crate) fn new(n: usize, slot: usize) -> RecvBatch {
+        RecvBatch {
+            bufs: vec![0; n * slot],
+            slot,
+            // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+            addrs: vec![unsafe { std::mem::zeroed() }; n],
+            lens: vec![0; n],
+            count: 0,
+        }
+    }
+
+    /// Receives up to a batch of datagrams without blocking; returns how many.
+    pub(crate) fn recv(&mut self, fd: RawFd) -> usize {
+        let n = self.lens.len();
+        let mut iovs: Vec<libc::iovec> = (0..n)
+            .map(|i| libc::iovec {
+                iov_base: self.bufs[i * self.slot..].as_mut_ptr().cast(),
+                iov_len: self.slot,
+            })
+            .collect();
+        let mut hdrs: Vec<libc::mmsghdr> = (0..n)
+            .map(|i| {
+                // SAFETY: msghdr is plain old data; all-zero is valid before we fill it in.
+                let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+                h.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
+                h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                h.msg_iov = &mut iovs[i];
+                h.msg_iovlen = 1;
+                libc::mmsghdr { msg_hdr: h, msg_len: 0 }
+            })
+            .collect();
+        // SAFETY: every header points to a distinct live buffer, address slot and iovec of
+        // this batch, which outlive the call.
+        let r = unsafe {
+            libc::recvmmsg(fd, hdrs.as_mut_ptr(), n as libc::c_uint, libc::MSG_DONTWAIT, std::ptr::null_mut())
+        };
+        self.count = if r > 0 { r as usize } else { 0 };
+        for (i, h) in hdrs.iter().take(self.count).enumerate() {
+            // A truncated datagram is longer than any RoCE packet we accept; mark it empty so
+            // that it is counted as malformed.
+            let truncated = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            self.lens[i] = if truncated { 0 } else { h.msg_len as usize };
+        }
+        self.count
+    }
+
+    /// Datagram `i` of the last `recv`: its source and bytes.
+    pub(crate) fn get(&self, i: usize) -> Option<(SocketAddr, &[u8])> {
+        if i >= self.count {
+            return None;
+        }
+        let src = from_storage(&self.addrs[i])?;
+        Some((src, &self.bufs[i * self.slot..i * self.slot + self.lens[i]]))
+    }
+}
+
+/// The IPv4-mapped form of an address, for comparing GIDs.
+pub(crate) fn canonical(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), a.port()),
+            None => addr,
+        },
+        v4 => v4,
+    }
+}
