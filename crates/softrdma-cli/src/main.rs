@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod capture;
 mod decode;
+mod pingpong;
 mod sim;
 
 /// softrdma: RDMA (RoCEv2) in user space over UDP.
@@ -27,6 +28,13 @@ enum Command {
     /// from it. Every byte and completion is checked; the last line reports
     /// `ops=N completed=N data-errors=0 status-errors=0 ...`, and any error exits 1.
     Sim(sim::SimArgs),
+    /// Ping-pong between two processes over RC or UD, like ibv_rc_pingpong.
+    ///
+    /// Run the server without a host, then the client with the server's host name. They
+    /// exchange their QP endpoints over TCP (-p, 18515), then trade -n messages of -s bytes,
+    /// checking every byte. Two processes on one host need different addresses
+    /// (--bind 127.0.0.2 and --bind 127.0.0.3) or UDP ports (--udp-port).
+    Pingpong(pingpong::PingPongArgs),
 }
 
 fn main() {
@@ -34,6 +42,7 @@ fn main() {
     let code = match cli.command {
         Command::Decode(args) => decode::run(&args),
         Command::Sim(args) => sim::run(&args),
+        Command::Pingpong(args) => pingpong::run(&args),
     };
     std::process::exit(code);
 }

@@ -1,0 +1,331 @@
+//! `softrdma pingpong`: the tutorial's ping-pong between two processes, like
+//! `ibv_rc_pingpong` and `ibv_ud_pingpong`, with their option letters.
+//!
+//! The server runs without a host argument and waits on TCP port 18515 (`-p`); the client
+//! connects to it. Each side sends its [`EndpointInfo`] as one line of JSON, the client
+//! first. Then the client sends `-n` messages of `-s` bytes, and the server answers each;
+//! every byte of every message is checked. Results are printed as `ibv_rc_pingpong` prints
+//! them; any error exits 1.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use softrdma::{
+    Access, CompletionChannel, CompletionQueue, ConnectOptions, Context, EndpointInfo, MemoryRegion, Mtu,
+    Qkey, QpBuilder, QpCaps, QueuePair, RecvWr, SendFlags, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+
+/// The Q_Key of the UD ping-pong (as `ibv_ud_pingpong`).
+const QKEY: Qkey = Qkey(0x1111_1111);
+/// Receives kept posted.
+const RX_DEPTH: usize = 64;
+/// UD receive buffers start with the 40-byte GRH area.
+const GRH: usize = 40;
+
+/// Transport of the ping-pong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// Reliable connected.
+    Rc,
+    /// Unreliable datagram.
+    Ud,
+}
+
+/// Arguments of `softrdma pingpong`.
+#[derive(Debug, clap::Args)]
+pub struct PingPongArgs {
+    /// The server to connect to; without it, act as the server.
+    pub host: Option<String>,
+    /// TCP port of the connection exchange.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    pub port: u16,
+    /// Local device: its name or address (default 127.0.0.1).
+    #[arg(short = 'd', long = "ib-dev")]
+    pub device: Option<String>,
+    /// Local address to bind the device on (same as -d with an address).
+    #[arg(long)]
+    pub bind: Option<IpAddr>,
+    /// UDP port of the device (default SOFTRDMA_PORT or 4791; 0 picks a free one).
+    #[arg(long)]
+    pub udp_port: Option<u16>,
+    /// Message size in bytes.
+    #[arg(short = 's', long, default_value_t = 4096)]
+    pub size: usize,
+    /// Round trips.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    pub iters: u64,
+    /// Sleep on the completion channel instead of busy-polling.
+    #[arg(short = 'e', long)]
+    pub events: bool,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096.
+    #[arg(short = 'm', long)]
+    pub mtu: Option<u32>,
+    /// rc or ud.
+    #[arg(long, value_enum, default_value_t = Transport::Rc)]
+    pub transport: Transport,
+}
+
+type Failure = String;
+
+/// Runs the command; returns the process exit status.
+pub fn run(args: &PingPongArgs) -> i32 {
+    match pingpong(args) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("softrdma pingpong: {e}");
+            1
+        }
+    }
+}
+
+fn open(args: &PingPongArgs) -> Result<Context, Failure> {
+    let port = args.udp_port.unwrap_or_else(softrdma::default_port);
+    let opened = match (args.bind, &args.device) {
+        (Some(addr), _) => Context::open_port(addr, port),
+        (None, Some(name)) => softrdma::find_device(name).and_then(|d| Context::open_port(d.addr, port)),
+        (None, None) => Context::open_port(IpAddr::from([127, 0, 0, 1]), port),
+    };
+    opened.map_err(|e| e.to_string())
+}
+
+fn exchange(args: &PingPongArgs, mine: &EndpointInfo) -> Result<EndpointInfo, Failure> {
+    let line = serde_json::to_string(mine).map_err(|e| e.to_string())? + "\n";
+    let stream = match &args.host {
+        Some(host) => {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match TcpStream::connect((host.as_str(), args.port)) {
+                    Ok(s) => break s,
+                    Err(e) if Instant::now() > deadline => {
+                        return Err(format!("cannot reach {host}:{}: {e}", args.port))
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        }
+        None => {
+            let l = TcpListener::bind(("0.0.0.0", args.port))
+                .map_err(|e| format!("TCP port {}: {e}", args.port))?;
+            l.accept().map_err(|e| e.to_string())?.0
+        }
+    };
+    stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+    let mut w = stream.try_clone().map_err(|e| e.to_string())?;
+    let mut r = BufReader::new(stream);
+    let mut theirs = String::new();
+    if args.host.is_some() {
+        w.write_all(line.as_bytes()).map_err(|e| e.to_string())?;
+        r.read_line(&mut theirs).map_err(|e| e.to_string())?;
+    } else {
+        r.read_line(&mut theirs).map_err(|e| e.to_string())?;
+        w.write_all(line.as_bytes()).map_err(|e| e.to_string())?;
+    }
+    serde_json::from_str(theirs.trim()).map_err(|e| format!("bad endpoint from peer: {e}"))
+}
+
+/// Byte `k` of message `i` from the side `side`.
+fn pattern(i: u64, side: u8, k: usize) -> u8 {
+    (i as usize).wrapping_mul(7).wrapping_add(k.wrapping_mul(13)).wrapping_add(usize::from(side)) as u8
+}
+
+struct Waiter<'a> {
+    cq: &'a CompletionQueue,
+    channel: Option<&'a CompletionChannel>,
+}
+
+impl Waiter<'_> {
+    fn next(&self) -> Result<WorkCompletion, Failure> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(wc) = self.cq.poll_one() {
+                if wc.status != WcStatus::Success {
+                    return Err(format!("completion {} failed: {:?} ({:?})", wc.wr_id, wc.status, wc.opcode));
+                }
+                return Ok(wc);
+            }
+            if Instant::now() > deadline {
+                return Err("timed out waiting for a completion".into());
+            }
+            if let Some(ch) = self.channel {
+                self.cq.req_notify(false).map_err(|e| e.to_string())?;
+                // A completion may have arrived between the poll and the arming.
+                if let Some(wc) = self.cq.poll_one() {
+                    if wc.status != WcStatus::Success {
+                        return Err(format!("completion {} failed: {:?}", wc.wr_id, wc.status));
+                    }
+                    return Ok(wc);
+                }
+                ch.get_event().map_err(|e| e.to_string())?;
+                ch.ack_events(1);
+            }
+        }
+    }
+}
+
+fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
+    let ud = args.transport == Transport::Ud;
+    let ctx = open(args)?;
+    let mtu = match args.mtu {
+        None => None,
+        Some(256) => Some(Mtu::Mtu256),
+        Some(512) => Some(Mtu::Mtu512),
+        Some(1024) => Some(Mtu::Mtu1024),
+        Some(2048) => Some(Mtu::Mtu2048),
+        Some(4096) => Some(Mtu::Mtu4096),
+        Some(m) => return Err(format!("-m {m}: the MTU is one of 256, 512, 1024, 2048, 4096")),
+    };
+    if ud && args.size > mtu.unwrap_or(ctx.device().active_mtu()).bytes() as usize {
+        return Err(format!("UD messages are at most one MTU ({} bytes)", ctx.device().active_mtu().bytes()));
+    }
+    let pd = ctx.alloc_pd();
+    let channel = if args.events { Some(ctx.create_channel().map_err(|e| e.to_string())?) } else { None };
+    let cq = ctx.create_cq(2 * RX_DEPTH + 2, channel.as_ref()).map_err(|e| e.to_string())?;
+    let slot = args.size + if ud { GRH } else { 0 };
+    let rx = pd.register(slot * RX_DEPTH, Access::LOCAL_WRITE).map_err(|e| e.to_string())?;
+    let tx = pd.register(args.size.max(1), Access::NONE).map_err(|e| e.to_string())?;
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: RX_DEPTH as u32, ..QpCaps::default() };
+    let builder = if ud { QpBuilder::ud(QKEY) } else { QpBuilder::rc() }.caps(caps);
+    let prepared = pd.create_qp(&builder, &cq, &cq).map_err(|e| e.to_string())?;
+    for k in 0..RX_DEPTH {
+        post_recv_slot(&rx, slot, k, &prepared)?;
+    }
+    let mine = prepared.endpoint();
+    let theirs = exchange(args, &mine)?;
+    println!("  local address:  QPN {:#08x}, PSN {:#08x}, GID {}", mine.qpn, mine.psn, mine.addr);
+    println!("  remote address: QPN {:#08x}, PSN {:#08x}, GID {}", theirs.qpn, theirs.psn, theirs.addr);
+    let qp = if ud {
+        prepared.ready()
+    } else {
+        prepared.handshake(&theirs, &ConnectOptions { mtu, ..ConnectOptions::default() })
+    }
+    .map_err(|e| e.to_string())?;
+    let dest = ud.then(|| UdDest { addr: theirs.addr, qpn: softrdma::Qpn::new(theirs.qpn), qkey: QKEY });
+    let client = args.host.is_some();
+    let waiter = Waiter { cq: &cq, channel: channel.as_ref() };
+    let mut run =
+        Run { args, qp: &qp, rx: &rx, tx: &tx, slot, ud, dest, waiter, next_rx: 0, pending_sends: 0 };
+    let start = Instant::now();
+    for i in 0..args.iters {
+        if client {
+            run.send(i, 0)?;
+            run.receive(i, 1)?;
+        } else {
+            run.receive(i, 0)?;
+            run.send(i, 1)?;
+        }
+    }
+    run.drain_sends()?;
+    let secs = start.elapsed().as_secs_f64();
+    let bytes = 2 * args.size as u64 * args.iters;
+    println!("{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec", bytes as f64 * 8.0 / secs / 1e6);
+    println!(
+        "{} iters in {secs:.2} seconds = {:.2} usec/iter",
+        args.iters,
+        secs * 1e6 / args.iters.max(1) as f64
+    );
+    Ok(())
+}
+
+fn post_recv_slot(rx: &MemoryRegion, slot: usize, k: usize, qp: &impl PostRecv) -> Result<(), Failure> {
+    let sge = rx.sge(k * slot, slot).map_err(|e| e.to_string())?;
+    qp.post(RecvWr { wr_id: k as u64, sg_list: vec![sge] })
+}
+
+trait PostRecv {
+    fn post(&self, wr: RecvWr) -> Result<(), Failure>;
+}
+
+impl PostRecv for softrdma::PreparedQp {
+    fn post(&self, wr: RecvWr) -> Result<(), Failure> {
+        self.post_recv(wr).map_err(|e| e.to_string())
+    }
+}
+
+impl PostRecv for QueuePair {
+    fn post(&self, wr: RecvWr) -> Result<(), Failure> {
+        self.post_recv(wr).map_err(|e| e.to_string())
+    }
+}
+
+struct Run<'a> {
+    args: &'a PingPongArgs,
+    qp: &'a QueuePair,
+    rx: &'a MemoryRegion,
+    tx: &'a MemoryRegion,
+    slot: usize,
+    ud: bool,
+    dest: Option<UdDest>,
+    waiter: Waiter<'a>,
+    next_rx: u64,
+    pending_sends: u32,
+}
+
+impl Run<'_> {
+    fn send(&mut self, i: u64, side: u8) -> Result<(), Failure> {
+        let msg: Vec<u8> = (0..self.args.size).map(|k| pattern(i, side, k)).collect();
+        self.tx.write(0, &msg).map_err(|e| e.to_string())?;
+        let wr = SendWr {
+            wr_id: u64::MAX - i,
+            op: SendOp::Send,
+            sg_list: vec![self.tx.sge(0, self.args.size).map_err(|e| e.to_string())?],
+            flags: SendFlags { signaled: true, ..SendFlags::default() },
+            ud: self.dest,
+        };
+        self.qp.post_send(wr).map_err(|e| e.to_string())?;
+        self.pending_sends += 1;
+        // The message buffer is rewritten next time: wait until this send is done.
+        self.drain_sends()
+    }
+
+    fn drain_sends(&mut self) -> Result<(), Failure> {
+        while self.pending_sends > 0 {
+            let wc = self.waiter.next()?;
+            self.account(wc)?;
+        }
+        Ok(())
+    }
+
+    /// Books a completion that arrived while waiting for another kind.
+    fn account(&mut self, wc: WorkCompletion) -> Result<(), Failure> {
+        match wc.opcode {
+            WcOpcode::Send => self.pending_sends -= 1,
+            _ => return Err(format!("unexpected completion {:?} while waiting for a send", wc.opcode)),
+        }
+        Ok(())
+    }
+
+    fn receive(&mut self, i: u64, side: u8) -> Result<(), Failure> {
+        let wc = loop {
+            let wc = self.waiter.next()?;
+            if wc.opcode == WcOpcode::Recv {
+                break wc;
+            }
+            self.account(wc)?;
+        };
+        let k = wc.wr_id as usize;
+        if wc.wr_id != self.next_rx % RX_DEPTH as u64 {
+            return Err(format!(
+                "receive {} completed out of order (expected {})",
+                wc.wr_id,
+                self.next_rx % RX_DEPTH as u64
+            ));
+        }
+        self.next_rx += 1;
+        let skip = if self.ud { GRH } else { 0 };
+        if wc.byte_len as usize != self.args.size + skip {
+            return Err(format!("message {i}: {} bytes, expected {}", wc.byte_len, self.args.size + skip));
+        }
+        let mut got = vec![0u8; self.args.size];
+        self.rx.read(k * self.slot + skip, &mut got).map_err(|e| e.to_string())?;
+        if let Some(bad) = (0..self.args.size).find(|&b| got[b] != pattern(i, side, b)) {
+            return Err(format!(
+                "message {i}: byte {bad} is {:#04x}, expected {:#04x}",
+                got[bad],
+                pattern(i, side, bad)
+            ));
+        }
+        post_recv_slot(self.rx, self.slot, k, self.qp)
+    }
+}
