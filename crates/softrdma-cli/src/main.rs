@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod capture;
 mod decode;
+mod memserver;
 mod pingpong;
 mod sim;
 
@@ -35,6 +36,11 @@ enum Command {
     /// checking every byte. Two processes on one host need different addresses
     /// (--bind 127.0.0.2 and --bind 127.0.0.3) or UDP ports (--udp-port).
     Pingpong(pingpong::PingPongArgs),
+    /// Expose a memory region for one-sided RDMA, then stay passive.
+    ///
+    /// Prints its endpoint (with the region) as a JSON line, reads the peer's, connects,
+    /// and makes no further verbs call until stdin closes; then prints the region's CRC-32.
+    Memserver(memserver::MemServerArgs),
 }
 
 fn main() {
@@ -43,6 +49,7 @@ fn main() {
         Command::Decode(args) => decode::run(&args),
         Command::Sim(args) => sim::run(&args),
         Command::Pingpong(args) => pingpong::run(&args),
+        Command::Memserver(args) => memserver::run(&args),
     };
     std::process::exit(code);
 }

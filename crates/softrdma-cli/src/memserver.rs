@@ -1,0 +1,66 @@
+//! `softrdma memserver`: exposes one memory region to a peer for one-sided RDMA (WRITE,
+//! READ, atomics) and then stays passive — it makes no further verbs call while the peer
+//! works on its memory; its progress thread answers everything.
+//!
+//! Protocol on stdin/stdout, one JSON line each way: it prints its [`EndpointInfo`] (with
+//! the region), reads the peer's, connects, and waits for stdin to close. Then it prints
+//! the region's CRC-32 and length, so that a test can check what landed without a verbs
+//! call.
+
+use std::io::{BufRead, Write};
+use std::net::IpAddr;
+
+use softrdma::{Access, ConnectOptions, Context, EndpointInfo, QpBuilder};
+
+/// Arguments of `softrdma memserver`.
+#[derive(Debug, clap::Args)]
+pub struct MemServerArgs {
+    /// Local address of the device.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: IpAddr,
+    /// UDP port of the device (0 picks a free one).
+    #[arg(long, default_value_t = 0)]
+    pub udp_port: u16,
+    /// Size of the region in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub size: usize,
+}
+
+/// Runs the command; returns the process exit status.
+pub fn run(args: &MemServerArgs) -> i32 {
+    match serve(args) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("softrdma memserver: {e}");
+            1
+        }
+    }
+}
+
+fn serve(args: &MemServerArgs) -> Result<(), String> {
+    let ctx = Context::open_port(args.bind, args.udp_port).map_err(|e| e.to_string())?;
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16, None).map_err(|e| e.to_string())?;
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let mr = pd.register(args.size, access).map_err(|e| e.to_string())?;
+    let pattern: Vec<u8> = (0..args.size).map(|k| (k % 251) as u8).collect();
+    mr.write(0, &pattern).map_err(|e| e.to_string())?;
+    let prepared = pd.create_qp(&QpBuilder::rc().access(access), &cq, &cq).map_err(|e| e.to_string())?;
+    let mine = EndpointInfo { region: Some(mr.remote()), ..prepared.endpoint() };
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string(&mine).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    out.flush().map_err(|e| e.to_string())?;
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    stdin.lock().read_line(&mut line).map_err(|e| e.to_string())?;
+    let theirs: EndpointInfo = serde_json::from_str(line.trim()).map_err(|e| format!("bad endpoint: {e}"))?;
+    let _qp = prepared.handshake(&theirs, &ConnectOptions::default()).map_err(|e| e.to_string())?;
+    // Passive from here on: no verbs call until the peer is done.
+    let mut rest = String::new();
+    while stdin.lock().read_line(&mut rest).map_err(|e| e.to_string())? > 0 {}
+    let bytes = mr.to_vec();
+    writeln!(out, "{{\"crc32\":{},\"len\":{}}}", crc32fast::hash(&bytes), bytes.len())
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}

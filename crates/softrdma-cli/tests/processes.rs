@@ -1,0 +1,157 @@
+//! softrdma between real processes over loopback: the ping-pong in every mode, and
+//! one-sided operations against a process that makes no verbs call.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use softrdma::{
+    Access, ConnectOptions, Context, EndpointInfo, QpBuilder, Rkey, SendFlags, SendOp, SendWr, WcStatus,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+
+/// Distinct TCP ports and loopback addresses for tests running in parallel.
+static NEXT: AtomicU16 = AtomicU16::new(0);
+
+fn pingpong(transport: &str, events: bool) {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let tcp = (19_000 + std::process::id() % 20_000 + u32::from(n) * 7) as u16;
+    let (srv_ip, cli_ip) = (format!("127.0.1.{}", 2 * n + 2), format!("127.0.1.{}", 2 * n + 3));
+    let mut common = vec!["pingpong", "-n", "2000", "-s", "4096", "--transport", transport, "-p"];
+    let tcp_s = tcp.to_string();
+    common.push(&tcp_s);
+    if events {
+        common.push("-e");
+    }
+    let server = Command::new(BIN)
+        .args(&common)
+        .args(["--bind", &srv_ip])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = Command::new(BIN).args(&common).args(["--bind", &cli_ip, "127.0.0.1"]).output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    let show = |o: &std::process::Output| {
+        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    };
+    assert!(client.status.success(), "client: {}", show(&client));
+    assert!(server.status.success(), "server: {}", show(&server));
+    for out in [&client, &server] {
+        let text = show(out);
+        assert!(text.contains("16384000 bytes in"), "{text}");
+        assert!(text.contains("2000 iters in"), "{text}");
+    }
+}
+
+#[test]
+fn pingpong_rc_busy_poll() {
+    pingpong("rc", false);
+}
+
+#[test]
+fn pingpong_rc_event_mode() {
+    pingpong("rc", true);
+}
+
+#[test]
+fn pingpong_ud_busy_poll() {
+    pingpong("ud", false);
+}
+
+#[test]
+fn pingpong_ud_event_mode() {
+    pingpong("ud", true);
+}
+
+#[test]
+fn one_sided_operations_against_a_passive_process() {
+    let size = 1 << 20;
+    let mut server = Command::new(BIN)
+        .args(["memserver", "--bind", "127.0.2.2", "--size", &size.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(server.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let theirs: EndpointInfo = serde_json::from_str(line.trim()).unwrap();
+    let region = theirs.region.expect("memserver offers its region");
+
+    let ctx = Context::open_port(IpAddr::from([127, 0, 2, 3]), 0).unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(64, None).unwrap();
+    let mr = pd.register(size, Access::LOCAL_WRITE).unwrap();
+    let prepared = pd.create_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
+    let mut stdin = server.stdin.take().unwrap();
+    writeln!(stdin, "{}", serde_json::to_string(&prepared.endpoint()).unwrap()).unwrap();
+    let qp = prepared.handshake(&theirs, &ConnectOptions::default()).unwrap();
+    let wait = || {
+        let t = Instant::now();
+        loop {
+            if let Some(wc) = cq.poll_one() {
+                return wc;
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "no completion");
+        }
+    };
+    let rkey = Rkey(region.rkey);
+    let flags = SendFlags { signaled: true, ..Default::default() };
+
+    // READ the server's initial pattern.
+    qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Read { remote_addr: region.addr, rkey },
+        sg_list: vec![mr.sge(0, size).unwrap()],
+        flags,
+        ud: None,
+    })
+    .unwrap();
+    let wc = wait();
+    assert_eq!((wc.status, wc.byte_len as usize), (WcStatus::Success, size));
+    let expected: Vec<u8> = (0..size).map(|k| (k % 251) as u8).collect();
+    assert_eq!(mr.to_vec(), expected);
+
+    // WRITE new contents over the first half, then add with atomics to one word.
+    let new: Vec<u8> = (0..size / 2).map(|k| (k * 7 % 256) as u8).collect();
+    mr.write(0, &new).unwrap();
+    qp.post_send(SendWr {
+        wr_id: 2,
+        op: SendOp::Write { remote_addr: region.addr, rkey },
+        sg_list: vec![mr.sge(0, size / 2).unwrap()],
+        flags,
+        ud: None,
+    })
+    .unwrap();
+    assert_eq!(wait().status, WcStatus::Success);
+    let word = size - 8;
+    let mut start = [0u8; 8];
+    start.copy_from_slice(&expected[word..]);
+    for k in 0..20u64 {
+        qp.post_send(SendWr {
+            wr_id: 3 + k,
+            op: SendOp::FetchAdd { remote_addr: region.addr + word as u64, rkey, add: 1 },
+            sg_list: vec![mr.sge(size - 64, 8).unwrap()],
+            flags,
+            ud: None,
+        })
+        .unwrap();
+        assert_eq!(wait().status, WcStatus::Success);
+    }
+    let mut want = expected.clone();
+    want[..size / 2].copy_from_slice(&new);
+    want[word..].copy_from_slice(&(u64::from_ne_bytes(start) + 20).to_ne_bytes());
+
+    // The passive side reports what its memory holds.
+    drop(stdin);
+    let mut report = String::new();
+    out.read_line(&mut report).unwrap();
+    assert!(server.wait().unwrap().success());
+    let v: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
+    assert_eq!(v["len"], size);
+    assert_eq!(v["crc32"], crc32fast::hash(&want));
+}
