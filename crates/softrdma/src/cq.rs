@@ -8,9 +8,12 @@
 //! works with poll, epoll or an async reactor.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll, Waker};
 
 use softrdma_proto::qp::WorkCompletion;
 
@@ -30,6 +33,9 @@ pub(crate) struct CqShared {
     cap: usize,
     armed: AtomicU8,
     channel: Option<Arc<ChannelShared>>,
+    /// Tasks awaiting a completion ([`CompletionQueue::next`]).
+    wakers: Mutex<Vec<Waker>>,
+    has_wakers: AtomicBool,
 }
 
 impl CqShared {
@@ -48,6 +54,10 @@ impl CqShared {
             if let Some(ch) = &self.channel {
                 ch.notify(self.clone());
             }
+        }
+        if self.has_wakers.swap(false, Ordering::AcqRel) {
+            let wakers = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|p| p.into_inner()));
+            wakers.into_iter().for_each(Waker::wake);
         }
         len <= self.cap
     }
@@ -93,6 +103,8 @@ impl CompletionQueue {
             cap: cqe,
             armed: AtomicU8::new(DISARMED),
             channel: channel.map(|c| c.shared.clone()),
+            wakers: Mutex::new(Vec::new()),
+            has_wakers: AtomicBool::new(false),
         });
         Ok(CompletionQueue { shared, ctx })
     }
@@ -143,6 +155,48 @@ impl CompletionQueue {
         let mode = if solicited_only { ARMED_SOLICITED } else { ARMED_ANY };
         self.shared.armed.store(mode, Ordering::Release);
         Ok(())
+    }
+}
+
+impl CompletionQueue {
+    /// The next completion, as a future. The progress thread delivers completions, so no
+    /// one needs to poll; the future is woken when one arrives.
+    ///
+    /// Cancellation-safe: dropping the future loses nothing (a completion that arrives
+    /// later stays in the CQ for the next call), and memory in flight belongs to its
+    /// [`crate::MemoryRegion`], never to a future, so no transfer can outlive its buffer.
+    pub fn next(&self) -> NextCompletion<'_> {
+        NextCompletion { cq: self }
+    }
+}
+
+/// The future of [`CompletionQueue::next`].
+#[derive(Debug)]
+pub struct NextCompletion<'a> {
+    cq: &'a CompletionQueue,
+}
+
+impl Future for NextCompletion<'_> {
+    type Output = WorkCompletion;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<WorkCompletion> {
+        let shared = &self.cq.shared;
+        let mut one = [EMPTY_WC];
+        if shared.pop_into(&mut one) == 1 {
+            return Poll::Ready(one[0]);
+        }
+        {
+            let mut w = shared.wakers.lock().unwrap_or_else(|p| p.into_inner());
+            if !w.iter().any(|k| k.will_wake(cx.waker())) {
+                w.push(cx.waker().clone());
+            }
+            shared.has_wakers.store(true, Ordering::Release);
+        }
+        // A completion may have landed between the first look and the registration.
+        if shared.pop_into(&mut one) == 1 {
+            return Poll::Ready(one[0]);
+        }
+        Poll::Pending
     }
 }
 

@@ -42,7 +42,7 @@ pub use context::{
     addr_of_gid, default_port, devices, find_device, gid_of, Context, Device, DeviceAttr, MAX_CQE,
     MAX_INLINE, MAX_MR, MAX_QP, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE, PORT_ENV,
 };
-pub use cq::{CompletionChannel, CompletionQueue, EMPTY_WC};
+pub use cq::{CompletionChannel, CompletionQueue, NextCompletion, EMPTY_WC};
 pub use engine::AsyncEvent;
 pub use error::{Error, Result};
 pub use pd::{MemoryRegion, ProtectionDomain, RemoteRegion};

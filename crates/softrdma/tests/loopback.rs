@@ -165,3 +165,96 @@ fn address_in_use_is_a_clear_error() {
     assert!(matches!(err, softrdma::Error::AddressInUse { .. }));
     assert!(err.to_string().contains("127.0.0.2"), "the message says how to choose another address: {err}");
 }
+
+/// A minimal executor: runs a future on this thread, parking until it is woken.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "future never completed");
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn awaitable_completions_and_cancellation() {
+    let (a, b) = pair(10, 11, Access::NONE);
+    // A future dropped before anything happens loses nothing.
+    drop(b.cq.next());
+    b.qp.post_recv(RecvWr { wr_id: 5, sg_list: vec![b.mr.sge(0, 100).unwrap()] }).unwrap();
+    a.mr.write(0, b"hello, async").unwrap();
+    a.qp.post_send(SendWr {
+        wr_id: 6,
+        op: SendOp::Send,
+        sg_list: vec![a.mr.sge(0, 12).unwrap()],
+        flags: signaled(),
+        ud: None,
+    })
+    .unwrap();
+    let r = block_on(b.cq.next());
+    assert_eq!((r.wr_id, r.status, r.byte_len), (5, WcStatus::Success, 12));
+    let s = block_on(a.cq.next());
+    assert_eq!((s.wr_id, s.status), (6, WcStatus::Success));
+    let mut got = [0u8; 12];
+    b.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"hello, async");
+}
+
+#[test]
+fn event_mode_wakes_on_the_completion_channel() {
+    let (ca, cb) = (ctx(12), ctx(13));
+    let ch = cb.create_channel().unwrap();
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let cqa = ca.create_cq(8, None).unwrap();
+    let cqb = cb.create_cq(8, Some(&ch)).unwrap();
+    let qa = pa.create_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
+    let qb = pb.create_qp(&QpBuilder::rc(), &cqb, &cqb).unwrap();
+    let mrb = pb.register(64, Access::LOCAL_WRITE).unwrap();
+    qb.post_recv(RecvWr { wr_id: 1, sg_list: vec![mrb.sge(0, 64).unwrap()] }).unwrap();
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
+    let _qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
+    cqb.req_notify(false).unwrap();
+    assert!(ch.try_get_event().is_none());
+    let mra = pa.register(8, Access::NONE).unwrap();
+    qa.post_send(SendWr {
+        wr_id: 2,
+        op: SendOp::Send,
+        sg_list: vec![mra.sge(0, 8).unwrap()],
+        flags: signaled(),
+        ud: None,
+    })
+    .unwrap();
+    // Blocks in poll(2) on the channel's fd until the progress thread delivers.
+    let cq = ch.get_event().unwrap();
+    assert_eq!(cq.id(), cqb.id());
+    ch.ack_events(1);
+    assert_eq!(cqb.poll_one().map(|w| w.wr_id), Some(1));
+    // Disarmed after one event: no second event without another req_notify.
+    assert!(ch.try_get_event().is_none());
+}
+
+#[test]
+fn devices_are_listed_and_loopback_addresses_open() {
+    let devs = softrdma::devices().unwrap();
+    let lo = devs.iter().find(|d| d.addr == IpAddr::from([127, 0, 0, 1])).expect("loopback device");
+    assert_eq!(lo.name, "srdma_lo");
+    assert!(lo.up);
+    assert_eq!(softrdma::addr_of_gid(lo.gid()), lo.addr);
+    assert_eq!(lo.gid()[10..12], [0xFF, 0xFF]);
+    let d = softrdma::find_device("127.0.0.77").unwrap();
+    assert_eq!(d.netdev, "lo");
+    assert!(matches!(softrdma::find_device("198.51.100.7"), Err(softrdma::Error::NoSuchDevice(_))));
+    assert!(matches!(softrdma::find_device("srdma_nope"), Err(softrdma::Error::UnknownDevice(_))));
+}
