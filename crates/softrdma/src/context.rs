@@ -281,6 +281,43 @@ fn bind(addr: SocketAddr) -> Result<UdpSocket> {
     }
 }
 
+/// Port attributes (`ibv_query_port`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortAttr {
+    /// ACTIVE when the interface is up, DOWN otherwise.
+    pub active: bool,
+    /// Largest MTU the port supports.
+    pub max_mtu: Mtu,
+    /// The MTU the interface allows.
+    pub active_mtu: Mtu,
+    /// Always 0: RoCE has no LIDs.
+    pub lid: u16,
+    /// GID table entries: one, the address.
+    pub gid_tbl_len: u32,
+    /// P_Key table entries: one, 0xFFFF.
+    pub pkey_tbl_len: u16,
+}
+
+impl Context {
+    /// The port's attributes (the only port, number 1).
+    pub fn query_port(&self) -> PortAttr {
+        let d = &self.inner.device;
+        PortAttr {
+            active: d.up,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: d.active_mtu(),
+            lid: 0,
+            gid_tbl_len: 1,
+            pkey_tbl_len: 1,
+        }
+    }
+
+    /// GID `index` of the port: index 0 is the device's address.
+    pub fn query_gid(&self, index: u32) -> Option<[u8; 16]> {
+        (index == 0).then(|| self.inner.device.gid())
+    }
+}
+
 /// Device attributes (`ibv_query_device`): the limits softrdma enforces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceAttr {

@@ -46,7 +46,7 @@ pub use cq::{CompletionChannel, CompletionQueue, NextCompletion, EMPTY_WC};
 pub use engine::AsyncEvent;
 pub use error::{Error, Result};
 pub use pd::{MemoryRegion, ProtectionDomain, RemoteRegion};
-pub use qp::{ConnectOptions, EndpointInfo, PreparedQp, QpBuilder, QueuePair};
+pub use qp::{ConnectOptions, EndpointInfo, PreparedQp, QpBuilder, QueuePair, SharedReceiveQueue};
 pub use softrdma_proto as proto;
 pub use softrdma_proto::memory::Access;
 pub use softrdma_proto::qp::{

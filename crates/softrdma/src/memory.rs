@@ -20,10 +20,20 @@ use softrdma_proto::memory::{Access, AtomicOp, MemError, MemKey, Memory, PdId, S
 use softrdma_proto::sim::Rng;
 use softrdma_proto::{Lkey, Rkey};
 
+/// Where a region's bytes are.
+#[derive(Debug)]
+enum Storage {
+    /// Owned by the region, as atomic words.
+    Owned(Box<[AtomicU64]>),
+    /// A caller's range, registered with `unsafe` (the C ABI's `ibv_reg_mr`): copied with
+    /// plain memory copies; the caller's contract keeps it valid.
+    Raw(*mut u8),
+}
+
 /// The storage and identity of one memory region.
 #[derive(Debug)]
 pub(crate) struct MrInner {
-    words: Box<[AtomicU64]>,
+    storage: Storage,
     len: usize,
     pub(crate) pd: PdId,
     pub(crate) access: Access,
@@ -31,28 +41,47 @@ pub(crate) struct MrInner {
     pub(crate) rkey: Rkey,
 }
 
+// SAFETY: an owned region is atomics only; a raw region's pointer is only dereferenced
+// under the contract of `ProtectionDomain::register_raw`, which makes the range valid for
+// reads and writes from any thread while it is registered.
+unsafe impl Send for MrInner {}
+// SAFETY: as above; every access goes through atomics or the raw contract.
+unsafe impl Sync for MrInner {}
+
 impl MrInner {
     /// The region's first address: where its bytes really are, as in verbs.
     pub(crate) fn addr(&self) -> u64 {
-        self.words.as_ptr() as u64
+        match &self.storage {
+            Storage::Owned(w) => w.as_ptr() as u64,
+            Storage::Raw(p) => *p as u64,
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    fn word(&self, i: usize) -> &AtomicU64 {
-        &self.words[i]
+    fn words(&self) -> Option<&[AtomicU64]> {
+        match &self.storage {
+            Storage::Owned(w) => Some(w),
+            Storage::Raw(_) => None,
+        }
     }
 
-    /// Copies `out.len()` bytes from byte offset `off`.
+    /// Copies `out.len()` bytes from byte offset `off` (in bounds: checked by callers).
     pub(crate) fn read(&self, off: usize, out: &mut [u8]) {
+        let Some(words) = self.words() else {
+            // SAFETY: [off, off + len) is inside the registered range (callers check),
+            // which the register_raw contract keeps valid for reads.
+            unsafe { std::ptr::copy_nonoverlapping(self.ptr(off), out.as_mut_ptr(), out.len()) };
+            return;
+        };
         fence(Ordering::Acquire);
         let mut done = 0;
         while done < out.len() {
             let at = off + done;
             let (w, b) = (at / 8, at % 8);
-            let bytes = self.word(w).load(Ordering::Relaxed).to_ne_bytes();
+            let bytes = words[w].load(Ordering::Relaxed).to_ne_bytes();
             let n = (8 - b).min(out.len() - done);
             out[done..done + n].copy_from_slice(&bytes[b..b + n]);
             done += n;
@@ -61,12 +90,19 @@ impl MrInner {
 
     /// Copies `data` to byte offset `off`, in ascending order, then fences.
     pub(crate) fn write(&self, off: usize, data: &[u8]) {
+        let Some(words) = self.words() else {
+            // SAFETY: in bounds (callers check); the register_raw contract keeps the range
+            // valid for writes.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr(off) as *mut u8, data.len()) };
+            fence(Ordering::Release);
+            return;
+        };
         let mut done = 0;
         while done < data.len() {
             let at = off + done;
             let (w, b) = (at / 8, at % 8);
             let n = (8 - b).min(data.len() - done);
-            let word = self.word(w);
+            let word = &words[w];
             if n == 8 {
                 let mut v = [0u8; 8];
                 v.copy_from_slice(&data[done..done + 8]);
@@ -83,9 +119,18 @@ impl MrInner {
         fence(Ordering::Release);
     }
 
-    /// Runs an atomic on the aligned word at byte offset `off`.
+    /// Runs an atomic on the 8-byte-aligned word at byte offset `off`.
     fn atomic(&self, off: usize, op: AtomicOp) -> u64 {
-        let word = self.word(off / 8);
+        let raw;
+        let word = match self.words() {
+            Some(words) => &words[off / 8],
+            None => {
+                // SAFETY: the address is 8-byte aligned and in bounds (callers check), and
+                // the register_raw contract keeps it valid; AtomicU64 has u64's layout.
+                raw = unsafe { AtomicU64::from_ptr(self.ptr(off) as *mut u64) };
+                raw
+            }
+        };
         let r = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| match op {
             AtomicOp::CompareSwap { compare, swap } => Some(if old == compare { swap } else { old }),
             AtomicOp::FetchAdd { add } => Some(old.wrapping_add(add)),
@@ -97,7 +142,7 @@ impl MrInner {
 
     /// The raw address of byte `off`, for handing a range to the kernel.
     pub(crate) fn ptr(&self, off: usize) -> *const u8 {
-        (self.words.as_ptr() as *const u8).wrapping_add(off)
+        (self.addr() as *const u8).wrapping_add(off)
     }
 
     /// Offset of `[addr, addr + len)` in the region, if it lies inside.
@@ -134,9 +179,28 @@ impl Registry {
     /// Registers a zeroed region of `len` bytes.
     pub(crate) fn register(&mut self, pd: PdId, len: usize, access: Access) -> Arc<MrInner> {
         let words = (0..len.div_ceil(8).max(1)).map(|_| AtomicU64::new(0)).collect();
+        self.insert(Storage::Owned(words), len, pd, access)
+    }
+
+    /// Registers a caller's range.
+    ///
+    /// # Safety
+    ///
+    /// See [`crate::ProtectionDomain::register_raw`].
+    pub(crate) unsafe fn register_raw(
+        &mut self,
+        pd: PdId,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Arc<MrInner> {
+        self.insert(Storage::Raw(ptr), len, pd, access)
+    }
+
+    fn insert(&mut self, storage: Storage, len: usize, pd: PdId, access: Access) -> Arc<MrInner> {
         let lkey = self.fresh_key();
         let rkey = self.fresh_key();
-        let mr = Arc::new(MrInner { words, len, pd, access, lkey: Lkey(lkey), rkey: Rkey(rkey) });
+        let mr = Arc::new(MrInner { storage, len, pd, access, lkey: Lkey(lkey), rkey: Rkey(rkey) });
         self.by_lkey.insert(lkey, mr.clone());
         self.by_rkey.insert(rkey, lkey);
         mr

@@ -26,18 +26,35 @@ impl ProtectionDomain {
     ///
     /// REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE, as with `ibv_reg_mr`.
     pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion> {
-        let remote_write = Access::REMOTE_WRITE.bits() | Access::REMOTE_ATOMIC.bits();
-        if access.bits() & remote_write != 0 && !access.contains(Access::LOCAL_WRITE) {
-            return Err(Error::InvalidArgument("remote write or atomic access needs local write"));
-        }
-        if access.bits() & !0x0F != 0 {
-            return Err(Error::InvalidArgument("unknown access flags"));
-        }
+        check_access(access)?;
         let mut core = self.ctx.shared.lock();
         if core.mem.len() >= MAX_MR as usize {
             return Err(Error::Limit("max_mr"));
         }
         let inner = core.mem.register(self.id, len, access);
+        Ok(MemoryRegion { inner, pd: self.clone() })
+    }
+
+    /// Registers memory the caller owns (what `ibv_reg_mr` does), for the C ABI and for
+    /// buffers that must stay where they are.
+    ///
+    /// # Safety
+    ///
+    /// `[ptr, ptr + len)` must be valid for reads and writes from any thread until the
+    /// returned region is dropped, and must not be accessed through Rust references while
+    /// it is registered (the network may write it at any time the access flags allow; use
+    /// raw pointers or volatile accesses). Dropping the region ends the registration.
+    pub unsafe fn register_raw(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
+        check_access(access)?;
+        if ptr.is_null() && len > 0 {
+            return Err(Error::InvalidArgument("null address"));
+        }
+        let mut core = self.ctx.shared.lock();
+        if core.mem.len() >= MAX_MR as usize {
+            return Err(Error::Limit("max_mr"));
+        }
+        // SAFETY: forwarded from this function's contract.
+        let inner = unsafe { core.mem.register_raw(self.id, ptr, len, access) };
         Ok(MemoryRegion { inner, pd: self.clone() })
     }
 
@@ -49,7 +66,19 @@ impl ProtectionDomain {
     }
 }
 
-/// A registered memory region (`ibv_mr`) that owns its bytes.
+fn check_access(access: Access) -> Result<()> {
+    let remote_write = Access::REMOTE_WRITE.bits() | Access::REMOTE_ATOMIC.bits();
+    if access.bits() & remote_write != 0 && !access.contains(Access::LOCAL_WRITE) {
+        return Err(Error::InvalidArgument("remote write or atomic access needs local write"));
+    }
+    if access.bits() & !0x0F != 0 {
+        return Err(Error::InvalidArgument("unknown access flags"));
+    }
+    Ok(())
+}
+
+/// A registered memory region (`ibv_mr`): bytes it owns, or a caller's range registered
+/// with [`ProtectionDomain::register_raw`].
 ///
 /// The bytes are shared with the network: a peer may write them at any time the access
 /// flags allow. They are therefore never lent out as `&[u8]`; [`Self::read`] and

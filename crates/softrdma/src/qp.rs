@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use softrdma_proto::memory::Access;
-use softrdma_proto::qp::{Mtu, QpAttr, QpCaps, QpConfig, QpState, QpStats, QpType, RecvWr, SendWr};
+use softrdma_proto::qp::{Mtu, QpAttr, QpCaps, QpConfig, QpState, QpStats, QpType, RecvWr, SendWr, SrqId};
 use softrdma_proto::{Psn, Qkey, Qpn};
 
 use crate::context::{ContextInner, MAX_INLINE, MAX_QP, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE};
@@ -27,6 +27,7 @@ pub struct QpBuilder {
     sq_sig_all: bool,
     access: Access,
     qkey: Qkey,
+    srq: Option<SrqId>,
 }
 
 impl QpBuilder {
@@ -38,6 +39,7 @@ impl QpBuilder {
             sq_sig_all: false,
             access: Access::NONE,
             qkey: Qkey(0),
+            srq: None,
         }
     }
     /// An unreliable connected QP.
@@ -65,6 +67,50 @@ impl QpBuilder {
     pub fn sq_sig_all(mut self, on: bool) -> QpBuilder {
         self.sq_sig_all = on;
         self
+    }
+    /// Take receive WQEs from this shared receive queue.
+    #[must_use]
+    pub fn srq(mut self, srq: &SharedReceiveQueue) -> QpBuilder {
+        self.srq = Some(srq.id);
+        self
+    }
+}
+
+/// A shared receive queue (`ibv_srq`): receive WQEs that several QPs draw from.
+#[derive(Debug)]
+pub struct SharedReceiveQueue {
+    ctx: Arc<ContextInner>,
+    id: SrqId,
+}
+
+impl ProtectionDomain {
+    /// Creates a shared receive queue of `max_wr` WQEs with up to `max_sge` entries each.
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
+        if max_wr == 0 || max_wr > MAX_QP_WR || max_sge > MAX_SGE {
+            return Err(Error::Limit("SRQ size"));
+        }
+        let id = self.ctx.shared.lock().endpoint.create_srq(max_wr, max_sge);
+        Ok(SharedReceiveQueue { ctx: self.ctx.clone(), id })
+    }
+}
+
+impl SharedReceiveQueue {
+    /// Posts a receive WR.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        let mut core = self.ctx.shared.lock();
+        let srq = core.endpoint.srq_mut(self.id).ok_or(Error::InvalidArgument("SRQ destroyed"))?;
+        srq.post_recv(wr)?;
+        Ok(())
+    }
+
+    /// WQEs posted and not yet consumed.
+    pub fn len(&self) -> usize {
+        self.ctx.shared.lock().endpoint.srq_mut(self.id).map_or(0, |s| s.len())
+    }
+
+    /// Whether no WQE is posted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 

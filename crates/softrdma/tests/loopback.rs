@@ -263,3 +263,126 @@ fn devices_are_listed_and_loopback_addresses_open() {
     assert!(matches!(softrdma::find_device("198.51.100.7"), Err(softrdma::Error::NoSuchDevice(_))));
     assert!(matches!(softrdma::find_device("srdma_nope"), Err(softrdma::Error::UnknownDevice(_))));
 }
+
+#[test]
+fn raw_registration_and_cq_overrun() {
+    let (a, b) = pair(14, 15, Access::REMOTE_WRITE);
+    // A caller-owned buffer registered with register_raw receives an RDMA WRITE.
+    let mut backing = vec![0u64; 512].into_boxed_slice();
+    let ptr = backing.as_mut_ptr() as *mut u8;
+    let pd = b.qp.pd().clone();
+    // SAFETY: `backing` outlives `raw` and is only touched through `ptr` while registered.
+    let raw = unsafe { pd.register_raw(ptr, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE) }.unwrap();
+    assert_eq!(raw.addr(), ptr as u64);
+    a.mr.write(0, &[0xAB; 4096]).unwrap();
+    let rkey = raw.rkey();
+    a.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Write { remote_addr: raw.addr() + 100, rkey },
+        sg_list: vec![a.mr.sge(0, 3000).unwrap()],
+        flags: signaled(),
+        ud: None,
+    })
+    .unwrap();
+    assert_eq!(wait(&a.cq).status, WcStatus::Success);
+    let mut got = vec![0u8; 4096];
+    raw.read(0, &mut got).unwrap();
+    assert!(
+        got[..100].iter().all(|&x| x == 0)
+            && got[100..3100].iter().all(|&x| x == 0xAB)
+            && got[3100..].iter().all(|&x| x == 0)
+    );
+    drop(raw);
+    drop(backing);
+
+    // A CQ of 2 entries receiving 5 completions: an async error, nothing lost.
+    let (ca, cb) = (ctx(16), ctx(17));
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let cqa = ca.create_cq(64, None).unwrap();
+    let small = cb.create_cq(2, None).unwrap();
+    let qa = pa.create_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
+    let qb = pb.create_qp(&QpBuilder::rc(), &small, &small).unwrap();
+    let mr = pb.register(64, Access::LOCAL_WRITE).unwrap();
+    for i in 0..5 {
+        qb.post_recv(RecvWr { wr_id: i, sg_list: vec![mr.sge(0, 64).unwrap()] }).unwrap();
+    }
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
+    let qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
+    let src = pa.register(8, Access::NONE).unwrap();
+    for i in 0..5 {
+        qa.post_send(SendWr {
+            wr_id: i,
+            op: SendOp::Send,
+            sg_list: vec![src.sge(0, 8).unwrap()],
+            flags: SendFlags::default(),
+            ud: None,
+        })
+        .unwrap();
+    }
+    let start = Instant::now();
+    let event = loop {
+        match cb.poll_async_event() {
+            Some(softrdma::AsyncEvent::CqError { cq }) => break cq,
+            Some(_) => {}
+            None => {
+                assert!(start.elapsed() < Duration::from_secs(20), "no CQ error event");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    };
+    assert_eq!(event, small.id());
+    assert_eq!(qb.state(), softrdma::QpState::Error);
+    let mut all = vec![softrdma::EMPTY_WC; 16];
+    let n = small.poll(&mut all);
+    assert!(n >= 3, "completions past the CQ's size are kept, not dropped: {n}");
+    assert_eq!(all[..3].iter().map(|w| w.status).collect::<Vec<_>>(), vec![WcStatus::Success; 3]);
+}
+
+#[test]
+fn shared_receive_queue_across_two_qps() {
+    let (ca, cb) = (ctx(18), ctx(19));
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let (cqa, cqb) = (ca.create_cq(64, None).unwrap(), cb.create_cq(64, None).unwrap());
+    let srq = pb.create_srq(16, 1).unwrap();
+    let mr = pb.register(16 * 256, Access::LOCAL_WRITE).unwrap();
+    for i in 0..4 {
+        srq.post_recv(RecvWr { wr_id: i, sg_list: vec![mr.sge(256 * i as usize, 256).unwrap()] }).unwrap();
+    }
+    let src = pa.register(256, Access::NONE).unwrap();
+    let mut senders = Vec::new();
+    let mut receivers = Vec::new();
+    for _ in 0..2 {
+        let qa = pa.create_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
+        let qb = pb.create_qp(&QpBuilder::rc().srq(&srq), &cqb, &cqb).unwrap();
+        assert!(
+            qb.post_recv(RecvWr { wr_id: 9, sg_list: vec![] }).is_err(),
+            "a QP with an SRQ takes no receives"
+        );
+        let (ea, eb) = (qa.endpoint(), qb.endpoint());
+        senders.push(qa.handshake(&eb, &ConnectOptions::default()).unwrap());
+        receivers.push(qb.handshake(&ea, &ConnectOptions::default()).unwrap());
+    }
+    for (k, q) in senders.iter().enumerate() {
+        for j in 0..2 {
+            q.post_send(SendWr {
+                wr_id: (10 * k + j) as u64,
+                op: SendOp::SendWithImm(k as u32),
+                sg_list: vec![src.sge(0, 100).unwrap()],
+                flags: SendFlags::default(),
+                ud: None,
+            })
+            .unwrap();
+        }
+    }
+    let mut by_qp = [0, 0];
+    for _ in 0..4 {
+        let wc = wait(&cqb);
+        assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 100));
+        let k = wc.imm_data.unwrap() as usize;
+        assert_eq!(wc.qp_num, receivers[k].qpn());
+        by_qp[k] += 1;
+    }
+    assert_eq!(by_qp, [2, 2]);
+    assert!(srq.is_empty());
+}
