@@ -200,7 +200,7 @@ impl ProtectionDomain {
             local: shared.local,
             caps,
             sq_sig_all: b.sq_sig_all,
-            srq: None,
+            srq: b.srq,
         };
         let qpn = core.endpoint.create_qp(cfg);
         core.routes
