@@ -191,7 +191,11 @@ fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
     for k in 0..RX_DEPTH {
         post_recv_slot(&rx, slot, k, &prepared)?;
     }
-    let mine = prepared.endpoint();
+    let mut mine = prepared.endpoint();
+    if let Some(m) = mtu {
+        // Advertise the MTU asked for, so that the peer settles on the same path MTU.
+        mine.mtu = mine.mtu.min(m.bytes());
+    }
     let theirs = exchange(args, &mine)?;
     println!("  local address:  QPN {:#08x}, PSN {:#08x}, GID {}", mine.qpn, mine.psn, mine.addr);
     println!("  remote address: QPN {:#08x}, PSN {:#08x}, GID {}", theirs.qpn, theirs.psn, theirs.addr);

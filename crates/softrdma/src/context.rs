@@ -238,6 +238,11 @@ impl Context {
         self.inner.shared.lock().events.pop_front()
     }
 
+    /// Socket-level counters (batches, GSO and GRO trains).
+    pub fn io_stats(&self) -> crate::engine::IoStats {
+        self.inner.shared.io_stats()
+    }
+
     /// Regions registered on this device.
     pub fn mr_count(&self) -> usize {
         self.inner.shared.lock().mem.len()

@@ -23,24 +23,56 @@ use softrdma_proto::qp::WorkCompletion;
 
 use crate::cq::CqShared;
 use crate::memory::Registry;
-use crate::sys::{self, EventFd, OutMsg, RawAddr, RecvBatch, MAX_IOV};
+use crate::sys::{self, EventFd, OutMsg, RecvBatch};
 
-/// Datagrams per `recvmmsg` / `sendmmsg` call.
-const BATCH: usize = 32;
+/// Packets built per `sendmmsg` call (GSO trains count each of their packets).
+const BATCH: usize = 64;
+/// Datagrams (or GRO trains) per `recvmmsg` call.
+const RX_BATCH: usize = 32;
+/// Segments per GSO train, and its largest total size.
+const GSO_MAX_SEGS: usize = 64;
+const GSO_MAX_BYTES: usize = 65_000;
 /// Room per outgoing packet: headers and inline data, then the tail, then a bounce buffer
 /// for payloads split in more pieces than an iovec array holds.
 const HEAD: usize = 1024;
 const TAIL: usize = 8;
 const BOUNCE: usize = 4096 + 8;
 const SLOT: usize = HEAD + TAIL + BOUNCE;
-/// Largest datagram accepted: a 4096-byte MTU packet with every header, and some slack.
-const RX_SLOT: usize = 4096 + 256;
+/// Receive buffer per datagram: room for a whole GRO train.
+const RX_SLOT: usize = 65_536;
 
 /// Where a QP's completions go.
 #[derive(Debug, Clone)]
 pub(crate) struct Route {
     pub(crate) send_cq: Arc<CqShared>,
     pub(crate) recv_cq: Arc<CqShared>,
+}
+
+/// Socket-level counters of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IoStats {
+    /// `sendmmsg` calls.
+    pub send_calls: u64,
+    /// Packets handed to the kernel.
+    pub packets_sent: u64,
+    /// Of those messages, GSO trains of two or more packets.
+    pub gso_trains: u64,
+    /// `recvmmsg` calls that returned data.
+    pub recv_calls: u64,
+    /// Packets received (GRO trains split).
+    pub packets_received: u64,
+    /// Received GRO trains of two or more packets.
+    pub gro_trains: u64,
+}
+
+#[derive(Debug, Default)]
+struct IoCounters {
+    send_calls: AtomicU64,
+    packets_sent: AtomicU64,
+    gso_trains: AtomicU64,
+    recv_calls: AtomicU64,
+    packets_received: AtomicU64,
+    gro_trains: AtomicU64,
 }
 
 /// An asynchronous event (`ibv_async_event`).
@@ -80,6 +112,9 @@ pub(crate) struct Shared {
     wake: EventFd,
     pub(crate) local: SocketAddr,
     stop: AtomicBool,
+    /// Send multi-packet trains with UDP GSO (off after the kernel refuses one).
+    gso: AtomicBool,
+    io: IoCounters,
     epoch: Instant,
     /// The deadline (ns since `epoch`) the progress thread is sleeping until; u64::MAX
     /// when it sleeps without one.
@@ -101,14 +136,17 @@ impl Shared {
             routes: HashMap::new(),
             events: VecDeque::from([AsyncEvent::PortActive]),
             slots: vec![0; BATCH * SLOT],
-            rx: RecvBatch::new(BATCH, RX_SLOT),
+            rx: RecvBatch::new(RX_BATCH, RX_SLOT),
         };
+        sys::enable_gro(socket.as_raw_fd());
         Ok(Shared {
             core: Mutex::new(core),
             socket,
             wake: EventFd::new()?,
             local,
             stop: AtomicBool::new(false),
+            gso: AtomicBool::new(std::env::var_os("SOFTRDMA_NO_GSO").is_none()),
+            io: IoCounters::default(),
             epoch: Instant::now(),
             sleeping_until: AtomicU64::new(u64::MAX),
         })
@@ -148,12 +186,24 @@ impl Shared {
         for _ in 0..8 {
             let Core { endpoint, mem, rx, .. } = &mut *core;
             let n = rx.recv(fd);
+            if n > 0 {
+                self.io.recv_calls.fetch_add(1, Ordering::Relaxed);
+            }
             for i in 0..n {
-                if let Some((src, bytes)) = rx.get(i) {
-                    endpoint.handle_datagram(now, sys::canonical(src), bytes, mem);
+                if let Some((src, segments)) = rx.get(i) {
+                    let src = sys::canonical(src);
+                    let mut k = 0;
+                    for bytes in segments {
+                        endpoint.handle_datagram(now, src, bytes, mem);
+                        k += 1;
+                    }
+                    self.io.packets_received.fetch_add(k, Ordering::Relaxed);
+                    if k > 1 {
+                        self.io.gro_trains.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
-            if n < BATCH {
+            if n < RX_BATCH {
                 break;
             }
         }
@@ -163,29 +213,45 @@ impl Shared {
         self.flush(core);
     }
 
-    /// Sends every packet the QPs have ready, then delivers completions.
+    /// Sends every packet the QPs have ready, then delivers completions. Consecutive
+    /// packets of one size to one destination go as a GSO train when the kernel allows.
     pub(crate) fn flush(&self, core: &mut Core) {
         let fd = self.socket.as_raw_fd();
         let now = self.now();
+        let gso = self.gso.load(Ordering::Relaxed);
         loop {
             let Core { endpoint, mem, slots, .. } = &mut *core;
             let mut msgs: Vec<OutMsg> = Vec::with_capacity(BATCH);
+            // (destination, segment size, segments, bytes, still open) of the last message.
+            let mut train: Option<(SocketAddr, usize, usize, usize, bool)> = None;
             for slot in slots.chunks_exact_mut(SLOT) {
                 let (head, rest) = slot.split_at_mut(HEAD);
                 let (tail, bounce) = rest.split_at_mut(TAIL);
                 let Some(t) = endpoint.poll_transmit(now, head, mem) else { break };
-                let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
-                let mut iov = [empty; MAX_IOV];
-                iov[0] = libc::iovec { iov_base: head.as_mut_ptr().cast(), iov_len: t.head_len };
-                let mut k = 1;
-                if t.payload.len() <= MAX_IOV - 2 {
+                let len = t.len();
+                let joins = gso
+                    && matches!(train, Some((dst, size, segs, bytes, true))
+                        if dst == t.dst && len <= size && segs < GSO_MAX_SEGS && bytes + len <= GSO_MAX_BYTES);
+                if !joins {
+                    msgs.push(OutMsg::new(t.dst));
+                    train = Some((t.dst, len, 0, 0, true));
+                }
+                let (Some(msg), Some(tr)) = (msgs.last_mut(), train.as_mut()) else { break };
+                tr.2 += 1;
+                tr.3 += len;
+                // A shorter packet ends the train: only the last segment may be short.
+                tr.4 = len == tr.1;
+                if tr.2 > 1 {
+                    msg.gso = u16::try_from(tr.1).ok();
+                }
+                msg.iov.push(libc::iovec { iov_base: head.as_mut_ptr().cast(), iov_len: t.head_len });
+                if t.payload.len() <= 4 {
                     for seg in &t.payload {
-                        let Some((ptr, len)) = mem.raw(t.pd, seg) else { continue };
-                        iov[k] = libc::iovec { iov_base: ptr as *mut libc::c_void, iov_len: len };
-                        k += 1;
+                        let Some((ptr, n)) = mem.raw(t.pd, seg) else { continue };
+                        msg.iov.push(libc::iovec { iov_base: ptr as *mut libc::c_void, iov_len: n });
                     }
                 } else {
-                    // Too many pieces for the iovec array: copy them into one.
+                    // Many small pieces: copy them into one.
                     let mut at = 0;
                     for seg in &t.payload {
                         let _ = softrdma_proto::memory::Memory::gather(&*mem, t.pd, seg, &mut |b| {
@@ -194,20 +260,24 @@ impl Shared {
                             at += n;
                         });
                     }
-                    iov[k] = libc::iovec { iov_base: bounce.as_mut_ptr().cast(), iov_len: at };
-                    k += 1;
+                    msg.iov.push(libc::iovec { iov_base: bounce.as_mut_ptr().cast(), iov_len: at });
                 }
                 tail[..t.tail_len].copy_from_slice(&t.tail[..t.tail_len]);
-                iov[k] = libc::iovec { iov_base: tail.as_mut_ptr().cast(), iov_len: t.tail_len };
-                k += 1;
-                msgs.push(OutMsg { dst: RawAddr::new(t.dst), iov, iovlen: k });
+                msg.iov.push(libc::iovec { iov_base: tail.as_mut_ptr().cast(), iov_len: t.tail_len });
+                self.io.packets_sent.fetch_add(1, Ordering::Relaxed);
             }
             if msgs.is_empty() {
                 break;
             }
             // SAFETY: every iovec points into `slots` or into a registered region resolved
             // under the engine lock we hold, which keeps both alive through the call.
-            unsafe { sys::send_batch(fd, &mut msgs) };
+            let trains = msgs.iter().filter(|m| m.gso.is_some()).count() as u64;
+            let sent = unsafe { sys::send_batch(fd, &mut msgs) };
+            if sent.gso_refused {
+                self.gso.store(false, Ordering::Relaxed);
+            }
+            self.io.send_calls.fetch_add(1, Ordering::Relaxed);
+            self.io.gso_trains.fetch_add(trains, Ordering::Relaxed);
         }
         self.deliver(core);
     }
@@ -253,6 +323,19 @@ impl Shared {
         let ns = deadline.as_nanos().min(u128::from(u64::MAX - 1)) as u64;
         if ns < self.sleeping_until.load(Ordering::Acquire) {
             self.wake.signal();
+        }
+    }
+
+    pub(crate) fn io_stats(&self) -> IoStats {
+        let c = &self.io;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        IoStats {
+            send_calls: g(&c.send_calls),
+            packets_sent: g(&c.packets_sent),
+            gso_trains: g(&c.gso_trains),
+            recv_calls: g(&c.recv_calls),
+            packets_received: g(&c.packets_received),
+            gro_trains: g(&c.gro_trains),
         }
     }
 

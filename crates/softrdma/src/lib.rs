@@ -43,7 +43,7 @@ pub use context::{
     MAX_INLINE, MAX_MR, MAX_QP, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE, PORT_ENV,
 };
 pub use cq::{CompletionChannel, CompletionQueue, NextCompletion, EMPTY_WC};
-pub use engine::AsyncEvent;
+pub use engine::{AsyncEvent, IoStats};
 pub use error::{Error, Result};
 pub use pd::{MemoryRegion, ProtectionDomain, RemoteRegion};
 pub use qp::{ConnectOptions, EndpointInfo, PreparedQp, QpBuilder, QueuePair, SharedReceiveQueue};

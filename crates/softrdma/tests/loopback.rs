@@ -386,3 +386,27 @@ fn shared_receive_queue_across_two_qps() {
     assert_eq!(by_qp, [2, 2]);
     assert!(srq.is_empty());
 }
+
+#[test]
+fn long_messages_travel_as_gso_and_gro_trains() {
+    let (a, b) = pair(20, 21, Access::REMOTE_WRITE);
+    let remote = b.mr.remote();
+    let data: Vec<u8> = (0..1_000_000).map(|k| (k * 3 % 256) as u8).collect();
+    a.mr.write(0, &data).unwrap();
+    a.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Write { remote_addr: remote.addr, rkey: softrdma::Rkey(remote.rkey) },
+        sg_list: vec![a.mr.sge(0, 1_000_000).unwrap()],
+        flags: signaled(),
+        ud: None,
+    })
+    .unwrap();
+    assert_eq!(wait(&a.cq).status, WcStatus::Success);
+    let mut got = vec![0u8; 1_000_000];
+    b.mr.read(0, &mut got).unwrap();
+    assert_eq!(got, data);
+    let (sa, sb) = (a.ctx.io_stats(), b.ctx.io_stats());
+    assert!(sa.gso_trains > 0, "{sa:?}");
+    assert!(sb.gro_trains > 0, "{sb:?}");
+    assert!(sa.packets_sent >= 245 && sb.packets_received >= 245, "{sa:?} {sb:?}");
+}

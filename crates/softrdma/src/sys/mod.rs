@@ -140,24 +140,42 @@ fn from_storage(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
-/// One datagram to send: a destination and up to `MAX_IOV` pieces.
+/// One datagram to send — or, with `gso`, several of `gso` bytes each (the last may be
+/// shorter) that the kernel splits (UDP generic segmentation offload).
 pub(crate) struct OutMsg {
     pub(crate) dst: RawAddr,
-    pub(crate) iov: [libc::iovec; MAX_IOV],
-    pub(crate) iovlen: usize,
+    pub(crate) iov: Vec<libc::iovec>,
+    pub(crate) gso: Option<u16>,
+    control: [u64; 4],
 }
 
-/// Pieces per outgoing datagram: head, payload segments, tail.
-pub(crate) const MAX_IOV: usize = 8;
+impl OutMsg {
+    pub(crate) fn new(dst: SocketAddr) -> OutMsg {
+        OutMsg { dst: RawAddr::new(dst), iov: Vec::with_capacity(8), gso: None, control: [0; 4] }
+    }
+}
 
-/// Sends `msgs` with as few `sendmmsg` calls as possible. Returns how many went out; a
-/// datagram the kernel refuses (full buffer, unreachable) is dropped, as a lossy network
-/// would, and the transport retransmits it.
+/// `SOL_UDP` option and control message: GSO segment size.
+const UDP_SEGMENT: libc::c_int = 103;
+/// `SOL_UDP` option and control message: GRO on receive.
+const UDP_GRO: libc::c_int = 104;
+
+/// What a batch send did.
+pub(crate) struct Sent {
+    /// Messages the kernel took.
+    pub(crate) sent: usize,
+    /// A GSO message was refused: the caller should stop using GSO.
+    pub(crate) gso_refused: bool,
+}
+
+/// Sends `msgs` with as few `sendmmsg` calls as possible. A datagram the kernel refuses
+/// (full buffer, unreachable) is dropped, as a lossy network would, and the transport
+/// retransmits it.
 ///
 /// # Safety
 ///
 /// Every iovec must point to memory that is readable for its length during the call.
-pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> usize {
+pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> Sent {
     let mut hdrs: Vec<libc::mmsghdr> = msgs
         .iter_mut()
         .map(|m| {
@@ -166,35 +184,72 @@ pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> usize {
             h.msg_name = (&mut m.dst.storage as *mut libc::sockaddr_storage).cast();
             h.msg_namelen = m.dst.len;
             h.msg_iov = m.iov.as_mut_ptr();
-            h.msg_iovlen = m.iovlen as _;
+            h.msg_iovlen = m.iov.len() as _;
+            if let Some(size) = m.gso {
+                let space = std::mem::size_of_val(&m.control);
+                h.msg_control = m.control.as_mut_ptr().cast();
+                h.msg_controllen = space as _;
+                // SAFETY: the control buffer is 32 aligned bytes, room for one cmsghdr with
+                // a u16; CMSG_FIRSTHDR returns a pointer inside it.
+                unsafe {
+                    let c = libc::CMSG_FIRSTHDR(&h);
+                    (*c).cmsg_level = libc::SOL_UDP;
+                    (*c).cmsg_type = UDP_SEGMENT;
+                    (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size);
+                    h.msg_controllen = libc::CMSG_SPACE(2) as _;
+                }
+            }
             libc::mmsghdr { msg_hdr: h, msg_len: 0 }
         })
         .collect();
-    let mut sent = 0;
+    let mut out = Sent { sent: 0, gso_refused: false };
     let mut at = 0;
     while at < hdrs.len() {
-        // SAFETY: hdrs[at..] are valid mmsghdrs whose names and iovecs point into `msgs`
-        // and the caller's live memory.
+        // SAFETY: hdrs[at..] are valid mmsghdrs whose names, controls and iovecs point into
+        // `msgs` and the caller's live memory.
         let n = unsafe {
             libc::sendmmsg(fd, hdrs[at..].as_mut_ptr(), (hdrs.len() - at) as libc::c_uint, libc::MSG_DONTWAIT)
         };
         if n <= 0 {
+            let e = io::Error::last_os_error().raw_os_error();
+            if msgs[at].gso.is_some() && matches!(e, Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT)) {
+                out.gso_refused = true;
+            }
             // Skip the datagram the kernel refused and go on with the rest.
             at += 1;
             continue;
         }
-        sent += n as usize;
+        out.sent += n as usize;
         at += n as usize;
     }
-    sent
+    out
 }
 
-/// A batch of receive buffers for `recvmmsg`.
+/// Turns on UDP GRO for a socket; false if the kernel has none.
+pub(crate) fn enable_gro(fd: RawFd) -> bool {
+    let one: libc::c_int = 1;
+    // SAFETY: passes a pointer to a live c_int and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_UDP,
+            UDP_GRO,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    r == 0
+}
+
+/// A batch of receive buffers for `recvmmsg`, each large enough for a GRO train.
 pub(crate) struct RecvBatch {
     bufs: Vec<u8>,
     slot: usize,
     addrs: Vec<libc::sockaddr_storage>,
+    controls: Vec<[u64; 8]>,
     lens: Vec<usize>,
+    segs: Vec<usize>,
     count: usize,
 }
 
@@ -205,7 +260,9 @@ impl RecvBatch {
             slot,
             // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
             addrs: vec![unsafe { std::mem::zeroed() }; n],
+            controls: vec![[0; 8]; n],
             lens: vec![0; n],
+            segs: vec![0; n],
             count: 0,
         }
     }
@@ -213,11 +270,11 @@ impl RecvBatch {
     /// Receives up to a batch of datagrams without blocking; returns how many.
     pub(crate) fn recv(&mut self, fd: RawFd) -> usize {
         let n = self.lens.len();
-        let mut iovs: Vec<libc::iovec> = (0..n)
-            .map(|i| libc::iovec {
-                iov_base: self.bufs[i * self.slot..].as_mut_ptr().cast(),
-                iov_len: self.slot,
-            })
+        let slot = self.slot;
+        let mut iovs: Vec<libc::iovec> = self
+            .bufs
+            .chunks_exact_mut(slot)
+            .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: slot })
             .collect();
         let mut hdrs: Vec<libc::mmsghdr> = (0..n)
             .map(|i| {
@@ -227,32 +284,53 @@ impl RecvBatch {
                 h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
                 h.msg_iov = &mut iovs[i];
                 h.msg_iovlen = 1;
+                h.msg_control = self.controls[i].as_mut_ptr().cast();
+                h.msg_controllen = std::mem::size_of::<[u64; 8]>() as _;
                 libc::mmsghdr { msg_hdr: h, msg_len: 0 }
             })
             .collect();
-        // SAFETY: every header points to a distinct live buffer, address slot and iovec of
-        // this batch, which outlive the call.
+        // SAFETY: every header points to a distinct live buffer, address slot, control
+        // buffer and iovec of this batch, which outlive the call.
         let r = unsafe {
             libc::recvmmsg(fd, hdrs.as_mut_ptr(), n as libc::c_uint, libc::MSG_DONTWAIT, std::ptr::null_mut())
         };
         self.count = if r > 0 { r as usize } else { 0 };
         for (i, h) in hdrs.iter().take(self.count).enumerate() {
-            // A truncated datagram is longer than any RoCE packet we accept; mark it empty so
-            // that it is counted as malformed.
+            // A truncated datagram is longer than anything we accept; mark it empty so that
+            // it is counted as malformed.
             let truncated = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
             self.lens[i] = if truncated { 0 } else { h.msg_len as usize };
+            self.segs[i] = gro_size(&h.msg_hdr).unwrap_or(self.lens[i]);
         }
         self.count
     }
 
-    /// Datagram `i` of the last `recv`: its source and bytes.
-    pub(crate) fn get(&self, i: usize) -> Option<(SocketAddr, &[u8])> {
+    /// Datagram `i` of the last `recv`: its source and its segments (one, or the pieces of
+    /// a GRO train).
+    pub(crate) fn get(&self, i: usize) -> Option<(SocketAddr, std::slice::Chunks<'_, u8>)> {
         if i >= self.count {
             return None;
         }
         let src = from_storage(&self.addrs[i])?;
-        Some((src, &self.bufs[i * self.slot..i * self.slot + self.lens[i]]))
+        let data = &self.bufs[i * self.slot..i * self.slot + self.lens[i]];
+        Some((src, data.chunks(self.segs[i].max(1))))
     }
+}
+
+/// The segment size of a GRO train, from its control message.
+fn gro_size(h: &libc::msghdr) -> Option<usize> {
+    // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG macros walk within it.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                return (v > 0).then_some(v as usize);
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    None
 }
 
 /// The IPv4-mapped form of an address, for comparing GIDs.
