@@ -17,10 +17,14 @@ const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
 static NEXT: AtomicU16 = AtomicU16::new(0);
 
 fn pingpong(transport: &str, events: bool) {
+    run_pingpong(transport, events, "4096", "2000", &[]);
+}
+
+fn run_pingpong(transport: &str, events: bool, size: &str, iters: &str, env: &[(&str, &str)]) {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let tcp = (19_000 + std::process::id() % 20_000 + u32::from(n) * 7) as u16;
     let (srv_ip, cli_ip) = (format!("127.0.1.{}", 2 * n + 2), format!("127.0.1.{}", 2 * n + 3));
-    let mut common = vec!["pingpong", "-n", "2000", "-s", "4096", "--transport", transport, "-p"];
+    let mut common = vec!["pingpong", "-n", iters, "-s", size, "--transport", transport, "-p"];
     let tcp_s = tcp.to_string();
     common.push(&tcp_s);
     if events {
@@ -40,11 +44,18 @@ fn pingpong(transport: &str, events: bool) {
     };
     assert!(client.status.success(), "client: {}", show(&client));
     assert!(server.status.success(), "server: {}", show(&server));
+    let bytes = 2 * size.parse::<u64>().unwrap() * iters.parse::<u64>().unwrap();
     for out in [&client, &server] {
         let text = show(out);
-        assert!(text.contains("16384000 bytes in"), "{text}");
-        assert!(text.contains("2000 iters in"), "{text}");
+        assert!(text.contains(&format!("{bytes} bytes in")), "{text}");
+        assert!(text.contains(&format!("{iters} iters in")), "{text}");
     }
+}
+
+#[test]
+fn pingpong_rc_large_messages_with_and_without_gso() {
+    run_pingpong("rc", false, "200000", "200", &[]);
+    run_pingpong("rc", false, "200000", "200", &[("SOFTRDMA_NO_GSO", "1")]);
 }
 
 #[test]
