@@ -7,6 +7,7 @@ mod decode;
 mod memserver;
 mod pingpong;
 mod sim;
+mod status;
 
 /// softrdma: RDMA (RoCEv2) in user space over UDP.
 #[derive(Debug, Parser)]
@@ -41,6 +42,14 @@ enum Command {
     /// Prints its endpoint (with the region) as a JSON line, reads the peer's, connects,
     /// and makes no further verbs call until stdin closes; then prints the region's CRC-32.
     Memserver(memserver::MemServerArgs),
+    /// List the RDMA devices (like ibv_devices).
+    Devices(status::DevicesArgs),
+    /// Show devices, ports and limits (like ibv_devinfo).
+    Devinfo(status::DevinfoArgs),
+    /// Show the state of devices and ports (like ibstat).
+    Stat(status::StatArgs),
+    /// Show which interface each device is on (like ibdev2netdev).
+    Link(status::LinkArgs),
 }
 
 fn main() {
@@ -50,6 +59,10 @@ fn main() {
         Command::Sim(args) => sim::run(&args),
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Memserver(args) => memserver::run(&args),
+        Command::Devices(args) => status::devices(&args),
+        Command::Devinfo(args) => status::devinfo(&args),
+        Command::Stat(args) => status::stat(&args),
+        Command::Link(args) => status::link(&args),
     };
     std::process::exit(code);
 }
