@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod capture;
 mod decode;
 mod memserver;
+mod perf;
 mod pingpong;
 mod sim;
 mod status;
@@ -42,6 +43,12 @@ enum Command {
     /// Prints its endpoint (with the region) as a JSON line, reads the peer's, connects,
     /// and makes no further verbs call until stdin closes; then prints the region's CRC-32.
     Memserver(memserver::MemServerArgs),
+    /// perftest's benchmarks: send_lat, send_bw, write_lat, write_bw, read_lat, read_bw,
+    /// atomic_lat, atomic_bw.
+    ///
+    /// Server without a host, client with one, or both at once on loopback with --local.
+    /// Options are perftest's.
+    Perf(perf::PerfArgs),
     /// List the RDMA devices (like ibv_devices).
     Devices(status::DevicesArgs),
     /// Show devices, ports and limits (like ibv_devinfo).
@@ -59,6 +66,7 @@ fn main() {
         Command::Sim(args) => sim::run(&args),
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Memserver(args) => memserver::run(&args),
+        Command::Perf(args) => perf::run(&args),
         Command::Devices(args) => status::devices(&args),
         Command::Devinfo(args) => status::devinfo(&args),
         Command::Stat(args) => status::stat(&args),
