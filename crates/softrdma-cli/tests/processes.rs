@@ -33,11 +33,17 @@ fn run_pingpong(transport: &str, events: bool, size: &str, iters: &str, env: &[(
     let server = Command::new(BIN)
         .args(&common)
         .args(["--bind", &srv_ip])
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let client = Command::new(BIN).args(&common).args(["--bind", &cli_ip, "127.0.0.1"]).output().unwrap();
+    let client = Command::new(BIN)
+        .args(&common)
+        .args(["--bind", &cli_ip, "127.0.0.1"])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
     let server = server.wait_with_output().unwrap();
     let show = |o: &std::process::Output| {
         format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))

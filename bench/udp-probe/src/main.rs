@@ -1,0 +1,176 @@
+//! Raw UDP baselines, the ceiling any RDMA-over-UDP stack on this host lives under.
+//!
+//! Each mode runs a sender and a receiver thread on loopback in one process:
+//!
+//! - `pingpong N SIZE`: SIZE-byte datagram ping-pong, N round trips; prints the median
+//!   one-way latency in µs (half the round trip), blocking sockets;
+//! - `bw SECONDS SEGMENT`: 64 KiB sends cut into SEGMENT-byte datagrams by UDP GSO,
+//!   received with GRO; prints MiB/s of datagram payload delivered;
+//! - `rate SECONDS SIZE`: SIZE-byte datagrams, one message each, with sendmmsg and
+//!   recvmmsg in batches of 64; prints millions of datagrams per second delivered.
+//!
+//! Output is one line `name value unit`, for `bench/compare.sh`.
+
+use std::net::UdpSocket;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn pair() -> (UdpSocket, UdpSocket) {
+    let a = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let b = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    a.connect(b.local_addr().unwrap()).unwrap();
+    b.connect(a.local_addr().unwrap()).unwrap();
+    for s in [&a, &b] {
+        set(s, libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20);
+        set(s, libc::SOL_SOCKET, libc::SO_SNDBUF, 8 << 20);
+    }
+    (a, b)
+}
+
+fn set(s: &UdpSocket, level: libc::c_int, name: libc::c_int, v: libc::c_int) {
+    // SAFETY: a pointer to a live c_int and its size, on our own socket.
+    unsafe {
+        libc::setsockopt(s.as_raw_fd(), level, name, (&v as *const libc::c_int).cast(), 4);
+    }
+}
+
+fn pingpong(n: usize, size: usize) {
+    let (a, b) = pair();
+    let echo = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65536];
+        for _ in 0..n {
+            let k = b.recv(&mut buf).unwrap();
+            b.send(&buf[..k]).unwrap();
+        }
+    });
+    let msg = vec![7u8; size];
+    let mut buf = vec![0u8; 65536];
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        a.send(&msg).unwrap();
+        a.recv(&mut buf).unwrap();
+        lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+    }
+    echo.join().unwrap();
+    lat.sort_by(f64::total_cmp);
+    println!("udp_pingpong_oneway {:.2} usec", lat[lat.len() / 2]);
+}
+
+fn bw(secs: f64, seg: usize) {
+    let (a, b) = pair();
+    set(&b, libc::SOL_UDP, 104 /* UDP_GRO */, 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let (s2, b2) = (stop.clone(), bytes.clone());
+    b.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let rx = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65536];
+        while !s2.load(Ordering::Relaxed) {
+            if let Ok(k) = b.recv(&mut buf) {
+                b2.fetch_add(k as u64, Ordering::Relaxed);
+            }
+        }
+    });
+    let chunk = vec![1u8; (65000 / seg) * seg];
+    let start = Instant::now();
+    let fd = a.as_raw_fd();
+    while start.elapsed().as_secs_f64() < secs {
+        let mut iov = libc::iovec { iov_base: chunk.as_ptr() as *mut libc::c_void, iov_len: chunk.len() };
+        let mut control = [0u64; 4];
+        // SAFETY: msghdr is plain old data; we fill it with pointers to live locals.
+        let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+        h.msg_iov = &mut iov;
+        h.msg_iovlen = 1;
+        h.msg_control = control.as_mut_ptr().cast();
+        h.msg_controllen = std::mem::size_of_val(&control) as _;
+        // SAFETY: the control buffer holds one cmsghdr with a u16; the socket is ours.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&h);
+            (*c).cmsg_level = libc::SOL_UDP;
+            (*c).cmsg_type = 103; // UDP_SEGMENT
+            (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg as u16);
+            h.msg_controllen = libc::CMSG_SPACE(2) as _;
+            libc::sendmsg(fd, &h, 0);
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(50));
+    stop.store(true, Ordering::Relaxed);
+    rx.join().unwrap();
+    println!(
+        "udp_gso_gro_bw {:.1} MiB/sec",
+        bytes.load(Ordering::Relaxed) as f64 / elapsed / (1 << 20) as f64
+    );
+}
+
+const BATCH: usize = 64;
+
+fn mmsg(fd: i32, bufs: &mut [Vec<u8>], send: bool) -> isize {
+    let mut iovs: Vec<libc::iovec> =
+        bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }).collect();
+    let mut hdrs: Vec<libc::mmsghdr> = iovs
+        .iter_mut()
+        .map(|iov| {
+            // SAFETY: msghdr is plain old data.
+            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+            h.msg_iov = iov;
+            h.msg_iovlen = 1;
+            libc::mmsghdr { msg_hdr: h, msg_len: 0 }
+        })
+        .collect();
+    // SAFETY: headers point at live iovecs and buffers for the duration of the call.
+    unsafe {
+        if send {
+            libc::sendmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as u32, 0) as isize
+        } else {
+            libc::recvmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
+                as isize
+        }
+    }
+}
+
+fn rate(secs: f64, size: usize) {
+    let (a, b) = pair();
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let (s2, c2) = (stop.clone(), count.clone());
+    let rx = std::thread::spawn(move || {
+        let mut bufs = vec![vec![0u8; 2048]; BATCH];
+        while !s2.load(Ordering::Relaxed) {
+            let n = mmsg(b.as_raw_fd(), &mut bufs, false);
+            if n > 0 {
+                c2.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        }
+    });
+    let mut bufs = vec![vec![3u8; size]; BATCH];
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < secs {
+        mmsg(a.as_raw_fd(), &mut bufs, true);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(50));
+    stop.store(true, Ordering::Relaxed);
+    rx.join().unwrap();
+    println!("udp_packet_rate {:.3} Mpps", count.load(Ordering::Relaxed) as f64 / elapsed / 1e6);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let num = |i: usize, d: f64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
+    match args.first().map(String::as_str) {
+        Some("pingpong") => pingpong(num(1, 20000.0) as usize, num(2, 8.0) as usize),
+        Some("bw") => bw(num(1, 3.0), num(2, 4096.0) as usize),
+        Some("rate") => rate(num(1, 3.0), num(2, 20.0) as usize),
+        _ => {
+            eprintln!(
+                "usage: udp-probe pingpong [N] [SIZE] | bw [SECONDS] [SEGMENT] | rate [SECONDS] [SIZE]"
+            );
+            std::process::exit(2);
+        }
+    }
+}
