@@ -3,7 +3,8 @@
 //! Each mode runs a sender and a receiver thread on loopback in one process:
 //!
 //! - `pingpong N SIZE`: SIZE-byte datagram ping-pong, N round trips; prints the median
-//!   one-way latency in µs (half the round trip), blocking sockets;
+//!   one-way latency in µs (half the round trip). Both sides busy-poll non-blocking
+//!   sockets, as softrdma's busy-poll mode does, so the two compare like for like;
 //! - `bw SECONDS SEGMENT`: 64 KiB sends cut into SEGMENT-byte datagrams by UDP GSO,
 //!   received with GRO; prints MiB/s of datagram payload delivered;
 //! - `rate SECONDS SIZE`: SIZE-byte datagrams, one message each, with sendmmsg and
@@ -38,10 +39,18 @@ fn set(s: &UdpSocket, level: libc::c_int, name: libc::c_int, v: libc::c_int) {
 
 fn pingpong(n: usize, size: usize) {
     let (a, b) = pair();
+    a.set_nonblocking(true).unwrap();
+    b.set_nonblocking(true).unwrap();
+    let spin_recv = |s: &UdpSocket, buf: &mut [u8]| loop {
+        if let Ok(k) = s.recv(buf) {
+            return k;
+        }
+        std::hint::spin_loop();
+    };
     let echo = std::thread::spawn(move || {
         let mut buf = vec![0u8; 65536];
         for _ in 0..n {
-            let k = b.recv(&mut buf).unwrap();
+            let k = spin_recv(&b, &mut buf);
             b.send(&buf[..k]).unwrap();
         }
     });
@@ -51,7 +60,7 @@ fn pingpong(n: usize, size: usize) {
     for _ in 0..n {
         let t = Instant::now();
         a.send(&msg).unwrap();
-        a.recv(&mut buf).unwrap();
+        spin_recv(&a, &mut buf);
         lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
     }
     echo.join().unwrap();

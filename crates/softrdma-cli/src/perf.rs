@@ -677,7 +677,7 @@ impl<'a> Session<'a> {
         let iters = self.iters();
         let deadline = self.args.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
         let depth = u64::from(self.args.tx_depth.max(1));
-        let (mut posted, mut done) = (0u64, 0u64);
+        let (mut posted, mut done, mut signaled_to) = (0u64, 0u64, 0u64);
         let mut marks = Vec::new();
         let start = Instant::now();
         loop {
@@ -690,19 +690,22 @@ impl<'a> Session<'a> {
                 let signaled = (posted + 1) % CQ_MOD == 0 || (deadline.is_none() && posted + 1 == iters);
                 self.post(size, posted, signaled)?;
                 posted += 1;
+                if signaled {
+                    signaled_to = posted;
+                }
+            }
+            if !more && signaled_to < posted {
+                // The run ended off a CQ_MOD boundary: one signaled WR covers the rest.
+                self.post(size, posted, true)?;
+                posted += 1;
+                signaled_to = posted;
             }
             if done == posted && !more {
                 break;
             }
             let wc = self.wait()?;
-            let covered = wc.wr_id + 1;
-            done = done.max(covered.min(posted));
+            done = done.max((wc.wr_id + 1).min(posted));
             marks.push((done, start.elapsed().as_secs_f64()));
-            if deadline.is_some() && !more && posted % CQ_MOD != 0 {
-                // A duration run may end off a CQ_MOD boundary: flush with a signaled op.
-                self.post(size, posted, true)?;
-                posted += 1;
-            }
         }
         let total = start.elapsed().as_secs_f64();
         let bytes = size as f64 * done as f64;

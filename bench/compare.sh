@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# softrdma against its baselines, side by side, in one run on this machine.
+#
+#   bench/compare.sh            # about two minutes; needs root only to install baselines
+#
+# Prints a markdown table of softrdma's figures, the baselines' and their ratios, then a
+# last line with the verdict against the targets: `targets met`, or `targets missed: ...`
+# with each missed target and its measured ratio. Exits 0 either way unless something
+# failed to run. Baselines that are missing and cannot be installed are reported as
+# skipped. Everything runs on loopback: softrdma on 127.0.0.2/127.0.0.3 (`--local`).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DUR=${DUR:-3}
+ITERS=${ITERS:-20000}
+
+cargo build --release -q -p softrdma-cli -p udp-probe || { echo "build failed"; exit 1; }
+SR=target/release/softrdma
+PROBE=target/release/udp-probe
+
+if ! command -v ucx_perftest >/dev/null 2>&1 || ! command -v iperf3 >/dev/null 2>&1; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq ucx-utils iperf3 >/dev/null 2>&1 || true
+fi
+
+json() { python3 -c "import sys,json; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['$1'])"; }
+port=18800
+perf() { port=$((port + 1)); "$SR" perf "$@" --local --json -p "$port" 2>/dev/null; }
+
+echo "softrdma side-by-side benchmark, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, kernel $(uname -r)" >&2
+
+lat_busy=$(perf send_lat -s 8 -n "$ITERS" | json t_typical) || lat_busy=""
+lat_event=$(perf send_lat -s 8 -n "$ITERS" -e | json t_typical) || lat_event=""
+udp_lat=$("$PROBE" pingpong "$ITERS" 8 | awk '{print $2}')
+ucx_lat=""
+if command -v ucx_perftest >/dev/null 2>&1; then
+  UCX_TLS=tcp ucx_perftest -t ucp_am_lat -s 8 -n "$ITERS" -p 13337 >/dev/null 2>&1 &
+  sleep 1
+  # The "typical" column of ucx_perftest's final line, in microseconds.
+  ucx_lat=$(UCX_TLS=tcp timeout 60 ucx_perftest 127.0.0.1 -t ucp_am_lat -s 8 -n "$ITERS" -p 13337 2>/dev/null \
+    | awk '/Final:/ {print $4}')
+  wait
+fi
+
+write_bw=$(perf write_bw -s 65536 -D "$DUR" | json bw_average) || write_bw=""
+send_bw=$(perf send_bw -s 65536 -D "$DUR" | json bw_average) || send_bw=""
+udp_bw=$("$PROBE" bw "$DUR" 4096 | awk '{print $2}')
+ucx_bw=""
+if command -v ucx_perftest >/dev/null 2>&1; then
+  UCX_TLS=tcp ucx_perftest -t ucp_am_bw -s 65536 -n 20000 -p 13338 >/dev/null 2>&1 &
+  sleep 1
+  # Final line: bandwidth columns in MB/s (2^20); take the overall one.
+  ucx_bw=$(UCX_TLS=tcp timeout 120 ucx_perftest 127.0.0.1 -t ucp_am_bw -s 65536 -n 20000 -p 13338 2>/dev/null \
+    | awk '/Final:/ {print $6}')
+  wait
+fi
+iperf_bw=""
+if command -v iperf3 >/dev/null 2>&1; then
+  iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
+  sleep 0.5
+  iperf_bw=$(iperf3 -c 127.0.0.1 -p 5299 -t "$DUR" -J 2>/dev/null \
+    | python3 -c "import sys,json; print(round(json.load(sys.stdin)['end']['sum_received']['bits_per_second']/8/2**20,1))")
+  wait
+fi
+
+rate=$(perf send_bw -s 2 -D "$DUR" | json msg_rate_mpps) || rate=""
+udp_rate=$("$PROBE" rate "$DUR" 20 | awk '{print $2}')
+
+# Idle CPU of an event-mode process: a device, a connected QP, nothing to do, 10 s.
+( sleep 12 | "$SR" memserver --bind 127.0.0.9 >/dev/null 2>&1 & )
+sleep 1
+pid=$(pgrep -f "memserver --bind 127.0.0.9" | head -1)
+t0=$(awk '{print $14+$15}' "/proc/$pid/stat")
+sleep 10
+t1=$(awk '{print $14+$15}' "/proc/$pid/stat")
+idle_cpu=$(python3 -c "print(round(100*($t1-$t0)/$(getconf CLK_TCK)/10,2))")
+
+python3 - "$lat_busy" "$lat_event" "$udp_lat" "$ucx_lat" "$write_bw" "$send_bw" "$udp_bw" "$ucx_bw" "$iperf_bw" "$rate" "$udp_rate" "$idle_cpu" <<'PY'
+import sys
+v = [float(x) if x not in ("", "None") else None for x in sys.argv[1:]]
+lat_busy, lat_event, udp_lat, ucx_lat, write_bw, send_bw, udp_bw, ucx_bw, iperf_bw, rate, udp_rate, idle = v
+f = lambda x, d=2: "skipped" if x is None else f"{x:.{d}f}"
+r = lambda a, b: None if a is None or b is None or b == 0 else a / b
+print("| measure | softrdma | baseline | value | ratio |")
+print("|---|---:|---|---:|---:|")
+rows = [
+    ("one-way latency, 8 B, µs", "send_lat busy-poll", lat_busy, "raw UDP ping-pong", udp_lat),
+    ("", "send_lat busy-poll", lat_busy, "UCX over TCP (ucp_am_lat)", ucx_lat),
+    ("", "send_lat -e (events)", lat_event, "raw UDP ping-pong", udp_lat),
+    ("bandwidth, 64 KiB, MiB/s", "write_bw", write_bw, "raw UDP, GSO+GRO, 4 KiB segments", udp_bw),
+    ("", "write_bw", write_bw, "UCX over TCP (ucp_am_bw)", ucx_bw),
+    ("", "write_bw", write_bw, "iperf3 (TCP)", iperf_bw),
+    ("", "send_bw", send_bw, "raw UDP, GSO+GRO, 4 KiB segments", udp_bw),
+    ("message rate, 2 B, Mpps", "send_bw -s 2", rate, "raw UDP sendmmsg/recvmmsg, 20 B", udp_rate),
+]
+for m, what, a, base, b in rows:
+    print(f"| {m} | {what}: {f(a)} | {base} | {f(b)} | {f(r(a, b))} |")
+print(f"| idle event-mode process, CPU % over 10 s | {f(idle)} | — | — | — |")
+missed = []
+def target(name, ok, ratio):
+    if ratio is None:
+        missed.append(f"{name} (not measured)")
+    elif not ok(ratio):
+        missed.append(f"{name} ({ratio:.2f})")
+target("send_lat <= 1.2x raw UDP", lambda x: x <= 1.2, r(lat_busy, udp_lat))
+if ucx_bw is not None:
+    target("write_bw >= 2x UCX-TCP", lambda x: x >= 2, r(write_bw, ucx_bw))
+target("write_bw >= 0.7x raw UDP GSO+GRO", lambda x: x >= 0.7, r(write_bw, udp_bw))
+target("2-byte message rate >= 0.8x raw UDP", lambda x: x >= 0.8, r(rate, udp_rate))
+if idle is None or idle >= 1:
+    missed.append(f"idle CPU < 1% ({idle}%)")
+print()
+print("targets met" if not missed else "targets missed: " + "; ".join(missed))
+PY
