@@ -137,17 +137,17 @@ impl Endpoint {
 
     /// The next packet any QP wants to send, taking QPs in turn.
     pub fn poll_transmit(&mut self, now: Duration, buf: &mut [u8], mem: &dyn Memory) -> Option<Transmit> {
+        use std::ops::Bound::{Excluded, Included, Unbounded};
         let start = self.cursor;
-        let order =
-            self.qps.range(start..).chain(self.qps.range(..start)).map(|(k, _)| *k).collect::<Vec<_>>();
-        for k in order {
-            let qp = self.qps.get_mut(&k)?;
-            if !qp.wants_transmit() {
-                continue;
-            }
-            if let Some(t) = qp.poll_transmit(now, buf, mem) {
-                self.cursor = k.wrapping_add(1);
-                return Some(t);
+        for bounds in [(Included(start), Unbounded), (Unbounded, Excluded(start))] {
+            for (k, qp) in self.qps.range_mut(bounds) {
+                if !qp.wants_transmit() {
+                    continue;
+                }
+                if let Some(t) = qp.poll_transmit(now, buf, mem) {
+                    self.cursor = k.wrapping_add(1);
+                    return Some(t);
+                }
             }
         }
         None

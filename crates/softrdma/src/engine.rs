@@ -38,6 +38,12 @@ const HEAD: usize = 1024;
 const TAIL: usize = 8;
 const BOUNCE: usize = 4096 + 8;
 const SLOT: usize = HEAD + TAIL + BOUNCE;
+/// The longest the progress thread sleeps: timers due later than its wake-up need no
+/// nudge (a system call and a context switch per `post_send`).
+const MAX_SLEEP: Duration = Duration::from_millis(20);
+/// How recently an application thread must have polled for the progress thread to leave
+/// the socket to it.
+const BUSY_POLL_GRACE_NS: u64 = 200_000;
 /// Receive buffer per datagram: room for a whole GRO train.
 const RX_SLOT: usize = 65_536;
 
@@ -102,6 +108,7 @@ pub(crate) struct Core {
     pub(crate) events: VecDeque<AsyncEvent>,
     slots: Vec<u8>,
     rx: RecvBatch,
+    out: Vec<OutMsg>,
 }
 
 /// One opened device, shared by all its objects and its progress thread.
@@ -119,6 +126,8 @@ pub(crate) struct Shared {
     /// The deadline (ns since `epoch`) the progress thread is sleeping until; u64::MAX
     /// when it sleeps without one.
     sleeping_until: AtomicU64,
+    /// When an application thread last drove the engine from a CQ poll (ns since `epoch`).
+    app_polled: AtomicU64,
 }
 
 impl std::fmt::Debug for RecvBatch {
@@ -137,6 +146,7 @@ impl Shared {
             events: VecDeque::from([AsyncEvent::PortActive]),
             slots: vec![0; BATCH * SLOT],
             rx: RecvBatch::new(RX_BATCH, RX_SLOT),
+            out: Vec::with_capacity(BATCH),
         };
         sys::enable_gro(socket.as_raw_fd());
         Ok(Shared {
@@ -149,6 +159,7 @@ impl Shared {
             io: IoCounters::default(),
             epoch: Instant::now(),
             sleeping_until: AtomicU64::new(u64::MAX),
+            app_polled: AtomicU64::new(0),
         })
     }
 
@@ -163,8 +174,10 @@ impl Shared {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs one pass if the engine is free; returns whether it ran.
+    /// Runs one pass if the engine is free; returns whether it ran. Called by threads
+    /// polling a CQ, which also tells the progress thread that someone is busy-polling.
     pub(crate) fn try_progress(&self) -> bool {
+        self.app_polled.store(self.now().as_nanos() as u64, Ordering::Relaxed);
         match self.core.try_lock() {
             Ok(mut core) => {
                 self.progress(&mut core);
@@ -220,8 +233,8 @@ impl Shared {
         let now = self.now();
         let gso = self.gso.load(Ordering::Relaxed);
         loop {
-            let Core { endpoint, mem, slots, .. } = &mut *core;
-            let mut msgs: Vec<OutMsg> = Vec::with_capacity(BATCH);
+            let Core { endpoint, mem, slots, out: msgs, .. } = &mut *core;
+            msgs.clear();
             // (destination, segment size, segments, bytes, still open) of the last message.
             let mut train: Option<(SocketAddr, usize, usize, usize, bool)> = None;
             for slot in slots.chunks_exact_mut(SLOT) {
@@ -272,7 +285,7 @@ impl Shared {
             // SAFETY: every iovec points into `slots` or into a registered region resolved
             // under the engine lock we hold, which keeps both alive through the call.
             let trains = msgs.iter().filter(|m| m.gso.is_some()).count() as u64;
-            let sent = unsafe { sys::send_batch(fd, &mut msgs) };
+            let sent = unsafe { sys::send_batch(fd, msgs) };
             if sent.gso_refused {
                 self.gso.store(false, Ordering::Relaxed);
             }
@@ -345,6 +358,10 @@ impl Shared {
     }
 
     /// The progress thread's loop.
+    ///
+    /// While an application thread is busy-polling a CQ it receives the packets itself;
+    /// the progress thread then stays off the socket (waking every millisecond to check)
+    /// instead of waking for every packet and competing for the CPU and the engine lock.
     pub(crate) fn run(self: Arc<Self>) {
         let fds = [self.socket.as_raw_fd(), self.wake.as_raw_fd()];
         while !self.stop.load(Ordering::Acquire) {
@@ -356,7 +373,19 @@ impl Shared {
                 self.sleeping_until.store(ns, Ordering::Release);
                 next.map(|t| t.saturating_sub(self.now()))
             };
-            let _ = sys::wait_readable(fds, timeout);
+            let now = self.now().as_nanos() as u64;
+            let since_app = now.saturating_sub(self.app_polled.load(Ordering::Relaxed));
+            if since_app < BUSY_POLL_GRACE_NS {
+                let nap = Duration::from_millis(1).min(timeout.unwrap_or(Duration::MAX));
+                self.sleeping_until.fetch_min(now + nap.as_nanos() as u64, Ordering::AcqRel);
+                let _ = sys::wait_readable([self.wake.as_raw_fd()], Some(nap));
+            } else {
+                // Never sleep longer than MAX_SLEEP, so that a timer armed later without a
+                // nudge (a far one) still fires on time.
+                let cap = timeout.unwrap_or(MAX_SLEEP).min(MAX_SLEEP);
+                self.sleeping_until.fetch_min(now + cap.as_nanos() as u64, Ordering::AcqRel);
+                let _ = sys::wait_readable(fds, Some(cap));
+            }
             self.wake.drain();
         }
     }

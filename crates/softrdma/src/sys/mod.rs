@@ -149,6 +149,16 @@ pub(crate) struct OutMsg {
     control: [u64; 4],
 }
 
+// SAFETY: the iovecs are plain addresses, dereferenced only by the kernel during a send
+// made under the engine lock; holding them across threads is harmless.
+unsafe impl Send for OutMsg {}
+
+impl std::fmt::Debug for OutMsg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutMsg").field("pieces", &self.iov.len()).field("gso", &self.gso).finish()
+    }
+}
+
 impl OutMsg {
     pub(crate) fn new(dst: SocketAddr) -> OutMsg {
         OutMsg { dst: RawAddr::new(dst), iov: Vec::with_capacity(8), gso: None, control: [0; 4] }
@@ -242,60 +252,77 @@ pub(crate) fn enable_gro(fd: RawFd) -> bool {
     r == 0
 }
 
-/// A batch of receive buffers for `recvmmsg`, each large enough for a GRO train.
+/// A batch of receive buffers for `recvmmsg`, each large enough for a GRO train. The
+/// message headers are built once and point into the batch's own heap buffers, which never
+/// move; each call only resets the lengths the kernel overwrote.
 pub(crate) struct RecvBatch {
     bufs: Vec<u8>,
     slot: usize,
     addrs: Vec<libc::sockaddr_storage>,
     controls: Vec<[u64; 8]>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
     lens: Vec<usize>,
     segs: Vec<usize>,
     count: usize,
 }
 
+// SAFETY: the raw pointers in `iovs` and `hdrs` point only into this batch's own heap
+// buffers; the batch is used by one thread at a time (under the engine lock).
+unsafe impl Send for RecvBatch {}
+
 impl RecvBatch {
     pub(crate) fn new(n: usize, slot: usize) -> RecvBatch {
-        RecvBatch {
+        let mut b = RecvBatch {
             bufs: vec![0; n * slot],
             slot,
             // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
             addrs: vec![unsafe { std::mem::zeroed() }; n],
             controls: vec![[0; 8]; n],
+            iovs: Vec::with_capacity(n),
+            hdrs: Vec::with_capacity(n),
             lens: vec![0; n],
             segs: vec![0; n],
             count: 0,
+        };
+        for i in 0..n {
+            let base = b.bufs[i * slot..].as_mut_ptr();
+            b.iovs.push(libc::iovec { iov_base: base.cast(), iov_len: slot });
         }
+        for i in 0..n {
+            // SAFETY: msghdr is plain old data; all-zero is valid before we fill it in.
+            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+            h.msg_name = (&mut b.addrs[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_iov = &mut b.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = b.controls[i].as_mut_ptr().cast();
+            b.hdrs.push(libc::mmsghdr { msg_hdr: h, msg_len: 0 });
+        }
+        b
     }
 
     /// Receives up to a batch of datagrams without blocking; returns how many.
     pub(crate) fn recv(&mut self, fd: RawFd) -> usize {
-        let n = self.lens.len();
-        let slot = self.slot;
-        let mut iovs: Vec<libc::iovec> = self
-            .bufs
-            .chunks_exact_mut(slot)
-            .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: slot })
-            .collect();
-        let mut hdrs: Vec<libc::mmsghdr> = (0..n)
-            .map(|i| {
-                // SAFETY: msghdr is plain old data; all-zero is valid before we fill it in.
-                let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-                h.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
-                h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-                h.msg_iov = &mut iovs[i];
-                h.msg_iovlen = 1;
-                h.msg_control = self.controls[i].as_mut_ptr().cast();
-                h.msg_controllen = std::mem::size_of::<[u64; 8]>() as _;
-                libc::mmsghdr { msg_hdr: h, msg_len: 0 }
-            })
-            .collect();
+        for h in &mut self.hdrs {
+            h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_hdr.msg_controllen = std::mem::size_of::<[u64; 8]>() as _;
+            h.msg_hdr.msg_flags = 0;
+        }
+        let n = self.hdrs.len();
         // SAFETY: every header points to a distinct live buffer, address slot, control
         // buffer and iovec of this batch, which outlive the call.
         let r = unsafe {
-            libc::recvmmsg(fd, hdrs.as_mut_ptr(), n as libc::c_uint, libc::MSG_DONTWAIT, std::ptr::null_mut())
+            libc::recvmmsg(
+                fd,
+                self.hdrs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
         };
         self.count = if r > 0 { r as usize } else { 0 };
-        for (i, h) in hdrs.iter().take(self.count).enumerate() {
+        for i in 0..self.count {
+            let h = &self.hdrs[i];
             // A truncated datagram is longer than anything we accept; mark it empty so that
             // it is counted as malformed.
             let truncated = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
