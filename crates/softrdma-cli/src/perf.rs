@@ -651,13 +651,17 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn post(&self, size: usize, wr_id: u64, signaled: bool) -> Result<(), Fail> {
+    fn wr(&self, size: usize, wr_id: u64, signaled: bool) -> Result<SendWr, Fail> {
         let sge = self.mr.sge(self.local, size).map_err(|e| e.to_string())?;
-        let inline = (size as u32) <= self.args.inline
-            && !matches!(self.args.test, Test::ReadLat | Test::ReadBw)
-            && !self.args.test.is_atomic();
+        let one_sided_in =
+            matches!(self.args.test, Test::ReadLat | Test::ReadBw) || self.args.test.is_atomic();
+        let inline = (size as u32) <= self.args.inline && !one_sided_in;
         let flags = SendFlags { signaled, inline, ..SendFlags::default() };
-        let wr = SendWr { wr_id, op: self.op(size), sg_list: vec![sge], flags, ud: self.ud_dest };
+        Ok(SendWr { wr_id, op: self.op(size), sg_list: vec![sge], flags, ud: self.ud_dest })
+    }
+
+    fn post(&self, size: usize, wr_id: u64, signaled: bool) -> Result<(), Fail> {
+        let wr = self.wr(size, wr_id, signaled)?;
         self.qp().post_send(wr).map_err(|e| e.to_string())
     }
 
@@ -685,14 +689,19 @@ impl<'a> Session<'a> {
                 Some(t) => Instant::now() < t,
                 None => posted < iters,
             };
+            // Post as many as the depth allows in one call (one system call for all).
+            let mut batch = Vec::new();
             while more && posted - done < depth && (deadline.is_some() || posted < iters) {
                 // Signal every CQ_MOD-th WR, and the last one.
                 let signaled = (posted + 1) % CQ_MOD == 0 || (deadline.is_none() && posted + 1 == iters);
-                self.post(size, posted, signaled)?;
+                batch.push(self.wr(size, posted, signaled)?);
                 posted += 1;
                 if signaled {
                     signaled_to = posted;
                 }
+            }
+            if !batch.is_empty() {
+                self.qp().post_send_many(batch).map_err(|(_, e)| e.to_string())?;
             }
             if !more && signaled_to < posted {
                 // The run ended off a CQ_MOD boundary: one signaled WR covers the rest.

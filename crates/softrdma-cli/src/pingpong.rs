@@ -90,7 +90,14 @@ fn open(args: &PingPongArgs) -> Result<Context, Failure> {
     opened.map_err(|e| e.to_string())
 }
 
-fn exchange(args: &PingPongArgs, mine: &EndpointInfo) -> Result<EndpointInfo, Failure> {
+/// Trades endpoints with the peer. `connect` runs as soon as the peer's endpoint is known:
+/// on the server, before it answers, so that its QP is ready when the client (which starts
+/// sending as soon as it has the answer) sends.
+fn exchange(
+    args: &PingPongArgs,
+    mine: &EndpointInfo,
+    connect: impl FnOnce(&EndpointInfo) -> Result<(), Failure>,
+) -> Result<EndpointInfo, Failure> {
     let line = serde_json::to_string(mine).map_err(|e| e.to_string())? + "\n";
     let stream = match &args.host {
         Some(host) => {
@@ -114,15 +121,21 @@ fn exchange(args: &PingPongArgs, mine: &EndpointInfo) -> Result<EndpointInfo, Fa
     stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
     let mut w = stream.try_clone().map_err(|e| e.to_string())?;
     let mut r = BufReader::new(stream);
-    let mut theirs = String::new();
+    let mut text = String::new();
+    let parse = |t: &str| serde_json::from_str(t.trim()).map_err(|e| format!("bad endpoint from peer: {e}"));
     if args.host.is_some() {
         w.write_all(line.as_bytes()).map_err(|e| e.to_string())?;
-        r.read_line(&mut theirs).map_err(|e| e.to_string())?;
+        r.read_line(&mut text).map_err(|e| e.to_string())?;
+        let theirs = parse(&text)?;
+        connect(&theirs)?;
+        Ok(theirs)
     } else {
-        r.read_line(&mut theirs).map_err(|e| e.to_string())?;
+        r.read_line(&mut text).map_err(|e| e.to_string())?;
+        let theirs = parse(&text)?;
+        connect(&theirs)?;
         w.write_all(line.as_bytes()).map_err(|e| e.to_string())?;
+        Ok(theirs)
     }
-    serde_json::from_str(theirs.trim()).map_err(|e| format!("bad endpoint from peer: {e}"))
 }
 
 /// Byte `k` of message `i` from the side `side`.
@@ -196,15 +209,19 @@ fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
         // Advertise the MTU asked for, so that the peer settles on the same path MTU.
         mine.mtu = mine.mtu.min(m.bytes());
     }
-    let theirs = exchange(args, &mine)?;
+    let mut connected = None;
+    let theirs = exchange(args, &mine, |theirs| {
+        let qp = if ud {
+            prepared.ready()
+        } else {
+            prepared.handshake(theirs, &ConnectOptions { mtu, ..ConnectOptions::default() })
+        };
+        connected = Some(qp.map_err(|e| e.to_string())?);
+        Ok(())
+    })?;
+    let qp = connected.ok_or("not connected")?;
     println!("  local address:  QPN {:#08x}, PSN {:#08x}, GID {}", mine.qpn, mine.psn, mine.addr);
     println!("  remote address: QPN {:#08x}, PSN {:#08x}, GID {}", theirs.qpn, theirs.psn, theirs.addr);
-    let qp = if ud {
-        prepared.ready()
-    } else {
-        prepared.handshake(&theirs, &ConnectOptions { mtu, ..ConnectOptions::default() })
-    }
-    .map_err(|e| e.to_string())?;
     let dest = ud.then(|| UdDest { addr: theirs.addr, qpn: softrdma::Qpn::new(theirs.qpn), qkey: QKEY });
     let client = args.host.is_some();
     let waiter = Waiter { cq: &cq, channel: channel.as_ref() };

@@ -259,6 +259,7 @@ impl CompletionChannel {
             if let Some(cq) = self.try_get_event() {
                 return Ok(cq);
             }
+            self.ctx.shared.app_blocking();
             sys::wait_readable([self.shared.efd.as_raw_fd()], None)?;
             self.shared.efd.drain();
         }

@@ -41,9 +41,9 @@ const SLOT: usize = HEAD + TAIL + BOUNCE;
 /// The longest the progress thread sleeps: timers due later than its wake-up need no
 /// nudge (a system call and a context switch per `post_send`).
 const MAX_SLEEP: Duration = Duration::from_millis(20);
-/// How recently an application thread must have polled for the progress thread to leave
-/// the socket to it.
-const BUSY_POLL_GRACE_NS: u64 = 200_000;
+/// Empty CQ polls between two passes of the progress thread that mean an application
+/// thread is busy-polling, so the progress thread can leave the socket to it.
+const BUSY_POLLS: u64 = 16;
 /// Receive buffer per datagram: room for a whole GRO train.
 const RX_SLOT: usize = 65_536;
 
@@ -126,8 +126,11 @@ pub(crate) struct Shared {
     /// The deadline (ns since `epoch`) the progress thread is sleeping until; u64::MAX
     /// when it sleeps without one.
     sleeping_until: AtomicU64,
-    /// When an application thread last drove the engine from a CQ poll (ns since `epoch`).
-    app_polled: AtomicU64,
+    /// CQ polls that found nothing since the progress thread last looked: many mean an
+    /// application thread is busy-polling (and receiving itself).
+    app_polls: AtomicU64,
+    /// The progress thread is napping off the socket.
+    napping: AtomicBool,
 }
 
 impl std::fmt::Debug for RecvBatch {
@@ -159,7 +162,8 @@ impl Shared {
             io: IoCounters::default(),
             epoch: Instant::now(),
             sleeping_until: AtomicU64::new(u64::MAX),
-            app_polled: AtomicU64::new(0),
+            app_polls: AtomicU64::new(0),
+            napping: AtomicBool::new(false),
         })
     }
 
@@ -177,7 +181,7 @@ impl Shared {
     /// Runs one pass if the engine is free; returns whether it ran. Called by threads
     /// polling a CQ, which also tells the progress thread that someone is busy-polling.
     pub(crate) fn try_progress(&self) -> bool {
-        self.app_polled.store(self.now().as_nanos() as u64, Ordering::Relaxed);
+        self.app_polls.fetch_add(1, Ordering::Relaxed);
         match self.core.try_lock() {
             Ok(mut core) => {
                 self.progress(&mut core);
@@ -352,6 +356,15 @@ impl Shared {
         }
     }
 
+    /// An application thread is about to block (on a completion channel): the progress
+    /// thread must watch the socket again, at once.
+    pub(crate) fn app_blocking(&self) {
+        self.app_polls.store(0, Ordering::Relaxed);
+        if self.napping.load(Ordering::Acquire) {
+            self.wake.signal();
+        }
+    }
+
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.wake.signal();
@@ -374,11 +387,12 @@ impl Shared {
                 next.map(|t| t.saturating_sub(self.now()))
             };
             let now = self.now().as_nanos() as u64;
-            let since_app = now.saturating_sub(self.app_polled.load(Ordering::Relaxed));
-            if since_app < BUSY_POLL_GRACE_NS {
+            if self.app_polls.swap(0, Ordering::Relaxed) >= BUSY_POLLS {
                 let nap = Duration::from_millis(1).min(timeout.unwrap_or(Duration::MAX));
                 self.sleeping_until.fetch_min(now + nap.as_nanos() as u64, Ordering::AcqRel);
+                self.napping.store(true, Ordering::Release);
                 let _ = sys::wait_readable([self.wake.as_raw_fd()], Some(nap));
+                self.napping.store(false, Ordering::Release);
             } else {
                 // Never sleep longer than MAX_SLEEP, so that a timer armed later without a
                 // nudge (a far one) still fires on time.

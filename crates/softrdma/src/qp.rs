@@ -343,6 +343,36 @@ impl QueuePair {
         Ok(())
     }
 
+    /// Posts several send WRs with one pass of the engine, so that their packets leave in
+    /// as few system calls as possible (a WR list, as `ibv_post_send` takes). Stops at the
+    /// first WR refused and returns how many were posted with the error.
+    pub fn post_send_many(
+        &self,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> std::result::Result<usize, (usize, Error)> {
+        let shared = &self.ctx.shared;
+        let mut core = shared.lock();
+        let crate::engine::Core { endpoint, mem, .. } = &mut *core;
+        let Some(qp) = endpoint.qp_mut(self.qpn) else {
+            return Err((0, Error::InvalidArgument("QP destroyed")));
+        };
+        let mut n = 0;
+        let mut failed = None;
+        for wr in wrs {
+            if let Err(e) = qp.post_send(wr, mem) {
+                failed = Some(e.into());
+                break;
+            }
+            n += 1;
+        }
+        shared.flush(&mut core);
+        shared.nudge(&core);
+        match failed {
+            None => Ok(n),
+            Some(e) => Err((n, e)),
+        }
+    }
+
     /// Posts a receive WR.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let shared = &self.ctx.shared;
