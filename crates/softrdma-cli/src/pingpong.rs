@@ -170,8 +170,14 @@ impl Waiter<'_> {
                     }
                     return Ok(wc);
                 }
-                ch.get_event().map_err(|e| e.to_string())?;
-                ch.ack_events(1);
+                // Bounded, so that a lost message ends the run with an error, not a hang.
+                if ch
+                    .get_event_timeout(deadline.saturating_duration_since(Instant::now()))
+                    .map_err(|e| e.to_string())?
+                    .is_some()
+                {
+                    ch.ack_events(1);
+                }
             }
         }
     }

@@ -14,6 +14,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll, Waker};
+use std::time::Duration;
 
 use softrdma_proto::qp::WorkCompletion;
 
@@ -256,11 +257,25 @@ impl CompletionChannel {
     /// Blocks until an armed CQ has a new completion, and returns that CQ.
     pub fn get_event(&self) -> Result<CompletionQueue> {
         loop {
-            if let Some(cq) = self.try_get_event() {
+            if let Some(cq) = self.get_event_timeout(Duration::from_secs(3600))? {
                 return Ok(cq);
             }
+        }
+    }
+
+    /// [`Self::get_event`], giving up after `timeout` (`Ok(None)`).
+    pub fn get_event_timeout(&self, timeout: Duration) -> Result<Option<CompletionQueue>> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(cq) = self.try_get_event() {
+                return Ok(Some(cq));
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
             self.ctx.shared.app_blocking();
-            sys::wait_readable([self.shared.efd.as_raw_fd()], None)?;
+            sys::wait_readable([self.shared.efd.as_raw_fd()], Some(left))?;
             self.shared.efd.drain();
         }
     }
