@@ -448,6 +448,7 @@ struct Session<'a> {
     remote: Option<RemoteRegion>,
     ud_dest: Option<UdDest>,
     mine: EndpointInfo,
+    theirs: Option<EndpointInfo>,
     buf: usize,
     /// Offset of the buffer that is sent from, written to and read into: after the
     /// receive slots.
@@ -495,6 +496,7 @@ impl<'a> Session<'a> {
             remote: None,
             ud_dest: None,
             mine,
+            theirs: None,
             buf,
             local: buf * slots,
             posted_recvs: 0,
@@ -564,7 +566,7 @@ impl<'a> Session<'a> {
         self.remote = remote.region;
         // perftest repeats the message as a barrier once both QPs are ready.
         swap(&mut s, self.client, &key)?;
-        self.print_addresses(&remote);
+        self.theirs = Some(remote);
         Ok(s)
     }
 
@@ -578,7 +580,8 @@ impl<'a> Session<'a> {
         println!("                    {}", a.test.title());
         println!(" Dual-port       : OFF\t\tDevice         : {}", d.name);
         println!(" Number of qps   : {}\t\tTransport type : IB", a.qps);
-        println!(" Connection type : {:?}\t\tUsing SRQ      : OFF", a.connection);
+        let conn = if a.connection == Conn::Ud { "UD" } else { "RC" };
+        println!(" Connection type : {conn}\t\tUsing SRQ      : OFF");
         if self.client || !a.test.is_bw() {
             println!(" TX depth        : {}", if a.test.is_bw() { a.tx_depth } else { 1 });
         }
@@ -592,17 +595,22 @@ impl<'a> Session<'a> {
         println!(" rdma_cm QPs\t : OFF");
         println!(" Data ex. method : Ethernet");
         println!("{LINE}");
-    }
-
-    fn print_addresses(&self, remote: &EndpointInfo) {
-        if self.args.json {
-            return;
-        }
-        // Printed after the header by perftest; kept for the same look.
         let gid =
             |a: IpAddr| softrdma::gid_of(a).iter().map(|b| format!("{b:02}")).collect::<Vec<_>>().join(":");
-        let r = self.mine.region.unwrap_or(RemoteRegion { addr: 0, len: 0, rkey: 0 });
-        let _ = (gid, r, remote);
+        for (which, e) in [("local", Some(&self.mine)), ("remote", self.theirs.as_ref())] {
+            let Some(e) = e else { continue };
+            let r = e.region.unwrap_or(RemoteRegion { addr: 0, len: 0, rkey: 0 });
+            if a.test.is_send() {
+                println!(" {which} address: LID 0000 QPN {:#06x} PSN {:#08x}", e.qpn, e.psn);
+            } else {
+                println!(
+                    " {which} address: LID 0000 QPN {:#06x} PSN {:#08x} RKey {:#08x} VAddr {:#016x}",
+                    e.qpn, e.psn, r.rkey, r.addr
+                );
+            }
+            println!(" GID: {}", gid(e.addr.ip()));
+        }
+        println!("{LINE}");
     }
 
     fn wait(&self) -> Result<WorkCompletion, Fail> {

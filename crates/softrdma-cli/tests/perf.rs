@@ -1,0 +1,75 @@
+//! `softrdma perf` runs every benchmark with `--local` (server and client as two processes
+//! on loopback) and prints perftest's table, or JSON.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU16, Ordering};
+
+const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+static NEXT: AtomicU16 = AtomicU16::new(0);
+
+/// Runs one benchmark on its own TCP and UDP ports; returns its stdout.
+fn run(args: &[&str]) -> String {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let base = 20_000 + (std::process::id() % 10_000) as u16 + n * 3;
+    let out = Command::new(BIN)
+        .arg("perf")
+        .args(args)
+        .args(["--local", "-p", &base.to_string()])
+        .env("SOFTRDMA_PORT", (base + 1).to_string())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "perf {args:?}: {text}{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+#[test]
+fn bandwidth_tests_print_perftests_table() {
+    for test in ["write_bw", "send_bw", "read_bw", "atomic_bw"] {
+        let out = run(&[test, "-n", "300", "-s", "10000"]);
+        assert!(out.contains("BW Test"), "{out}");
+        assert!(
+            out.contains(
+                " #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]"
+            ),
+            "{out}"
+        );
+        let size = if test == "atomic_bw" { "8" } else { "10000" };
+        let row = out.lines().find(|l| l.trim_start().starts_with(size)).unwrap_or_else(|| panic!("{out}"));
+        let cols: Vec<f64> = row.split_whitespace().map(|c| c.parse().unwrap()).collect();
+        assert_eq!(cols[1], 300.0, "{row}");
+        assert!(cols[3] > 0.0 && cols[4] > 0.0, "{row}");
+    }
+}
+
+#[test]
+fn latency_tests_print_perftests_table() {
+    for test in ["send_lat", "write_lat", "read_lat", "atomic_lat"] {
+        let out = run(&[test, "-n", "200"]);
+        assert!(out.contains("Latency Test"), "{out}");
+        assert!(out.contains("t_typical[usec]") && out.contains("99.9% percentile[usec]"), "{out}");
+        assert!(out.contains(" local address: LID 0000 QPN "), "{out}");
+        let row = out
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some("200"))
+            .unwrap_or_else(|| panic!("{out}"));
+        let cols: Vec<f64> = row.split_whitespace().map(|c| c.parse().unwrap()).collect();
+        assert!(cols[2] > 0.0 && cols[2] <= cols[4] && cols[4] <= cols[3], "min <= typical <= max: {row}");
+    }
+}
+
+#[test]
+fn json_sweeps_ud_and_events() {
+    let out = run(&["write_bw", "-a", "-n", "50", "--json"]);
+    let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 23, "sizes 2 to 2^23");
+    assert!(rows.iter().all(|r| r["bw_average"].as_f64().unwrap() > 0.0));
+    let out = run(&["send_bw", "-c", "UD", "-s", "1024", "-n", "200"]);
+    assert!(out.contains("Connection type : UD"), "{out}");
+    let out = run(&["send_lat", "-e", "-n", "200", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(v["iterations"], 200);
+    let out = run(&["write_bw", "-D", "1", "-s", "4096", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert!(v["iterations"].as_u64().unwrap() > 100);
+}
