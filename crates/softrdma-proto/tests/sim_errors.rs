@@ -277,3 +277,50 @@ fn modify_rules_and_post_limits() {
     }
     assert_eq!(qp.post_recv(RecvWr { wr_id: 0, sg_list: vec![] }), Err(PostError::QueueFull));
 }
+
+#[test]
+fn a_flood_of_duplicate_reads_is_not_amplified() {
+    use softrdma_proto::wire::{icrc, BthRepr, Opcode, PacketRepr, RethRepr};
+    let mut p = Pair::new(30, Impairments::default());
+    // One legitimate 64 KiB READ, completed.
+    let op = SendOp::Read { remote_addr: B_BASE, rkey: p.b.1 };
+    p.post_send(SendWr { wr_id: 1, op, sg_list: sge(p.a.0, A_BASE, 65536), flags: signaled(), ud: None });
+    let (s, _) = p.complete(1, 0);
+    assert_eq!(s[0].status, WcStatus::Success);
+    // Now 10,000 copies of that READ request arrive from the peer's address, at once.
+    let qp = p.sim.nodes[0].endpoint.qp(p.qa).unwrap();
+    let first = softrdma_proto::Psn::new(0xFF_FF00);
+    let _ = qp;
+    let mut r = PacketRepr::new(BthRepr::new(Opcode::new(0x0C).unwrap(), p.qb, first), 0);
+    r.ext.reth = Some(RethRepr { va: B_BASE, rkey: p.b.1, dma_len: 65536 });
+    let encap =
+        icrc::Encap::new(softrdma_proto::sim::Sim::addr_of(0), softrdma_proto::sim::Sim::addr_of(1)).unwrap();
+    let mut buf = vec![0u8; r.total_len()];
+    r.emit(&mut buf, &[], &encap).unwrap();
+    let sent_before = p.sim.net.stats().sent;
+    for _ in 0..10_000 {
+        p.sim.net.send(
+            p.sim.now,
+            softrdma_proto::sim::Sim::addr_of(0),
+            softrdma_proto::sim::Sim::addr_of(1),
+            buf.clone(),
+        );
+    }
+    let until = p.sim.now + Duration::from_millis(50);
+    p.sim.run_until(Duration::from_millis(50), |s| s.now >= until);
+    let responses = p.sim.net.stats().sent - sent_before - 10_000;
+    // Each replay is 64 packets; without a bound this would be 640,000.
+    assert!(responses < 64 * 64, "{responses} response packets for a flood of duplicates");
+    assert!(p.sim.nodes[1].endpoint.qp(p.qb).unwrap().stats().dropped > 9_000);
+    // The connection still works.
+    p.post_recv(2, 64);
+    p.post_send(SendWr {
+        wr_id: 2,
+        op: SendOp::Send,
+        sg_list: sge(p.a.0, A_BASE, 64),
+        flags: signaled(),
+        ud: None,
+    });
+    let (s, r) = p.complete(1, 1);
+    assert_eq!((s[0].status, r[0].status), (WcStatus::Success, WcStatus::Success));
+}

@@ -357,6 +357,14 @@ impl QueuePair {
 
     fn duplicate(&mut self, pkt: &Packet<&[u8]>, mem: &mut dyn Memory) {
         let psn = pkt.bth().psn();
+        // A duplicate READ or atomic queues a replay. A requester retransmits at most its
+        // outstanding ones, so more than that queued means a flood, and replaying it would
+        // amplify it: answer duplicates only while few answers wait.
+        let limit = 2 * usize::from(self.max_dest_rd_atomic.max(1)) + 8;
+        if self.resp.tx.len() >= limit {
+            self.stats.dropped += 1;
+            return;
+        }
         match Kind::of(pkt.opcode().operation()) {
             Kind::Send | Kind::Write => {
                 let last = self.resp.epsn - 1;
