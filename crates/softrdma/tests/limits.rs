@@ -1,0 +1,103 @@
+//! Limits are typed errors, and a thousand QPs with traffic on every one lose nothing.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use softrdma::{
+    Access, ConnectOptions, Context, Error, QpBuilder, QpCaps, RecvWr, SendFlags, SendOp, SendWr, WcStatus,
+};
+
+#[test]
+fn limits_are_typed_errors() {
+    let ctx = Context::open_port(IpAddr::from([127, 0, 5, 2]), 0).unwrap();
+    let pd = ctx.alloc_pd();
+    assert!(matches!(ctx.create_cq(0, None), Err(Error::InvalidArgument(_))));
+    assert!(matches!(ctx.create_cq(softrdma::MAX_CQE + 1, None), Err(Error::InvalidArgument(_))));
+    let cq = ctx.create_cq(16, None).unwrap();
+    let big = QpCaps { max_send_wr: softrdma::MAX_QP_WR + 1, ..QpCaps::default() };
+    assert!(matches!(pd.create_qp(&QpBuilder::rc().caps(big), &cq, &cq), Err(Error::Limit("max_qp_wr"))));
+    let sges = QpCaps { max_send_sge: softrdma::MAX_SGE + 1, ..QpCaps::default() };
+    assert!(matches!(pd.create_qp(&QpBuilder::rc().caps(sges), &cq, &cq), Err(Error::Limit("max_sge"))));
+    let inline = QpCaps { max_inline_data: softrdma::MAX_INLINE + 1, ..QpCaps::default() };
+    assert!(matches!(pd.create_qp(&QpBuilder::rc().caps(inline), &cq, &cq), Err(Error::Limit(_))));
+    assert!(matches!(pd.register(16, Access::REMOTE_WRITE), Err(Error::InvalidArgument(_))));
+    // A full send queue refuses the next WR; nothing is queued.
+    let caps = QpCaps { max_send_wr: 4, ..QpCaps::default() };
+    let p = pd.create_qp(&QpBuilder::rc().caps(caps), &cq, &cq).unwrap();
+    let me = p.endpoint();
+    // Connected to itself's address with a QPN nobody has: nothing is ever answered.
+    let qp = p.handshake(&softrdma::EndpointInfo { qpn: 0xABCDE, ..me }, &ConnectOptions::default()).unwrap();
+    let mr = pd.register(8, Access::NONE).unwrap();
+    let wr = || SendWr {
+        wr_id: 0,
+        op: SendOp::Send,
+        sg_list: vec![mr.sge(0, 8).unwrap()],
+        flags: SendFlags::default(),
+        ud: None,
+    };
+    for _ in 0..4 {
+        qp.post_send(wr()).unwrap();
+    }
+    let e = qp.post_send(wr()).unwrap_err();
+    assert!(matches!(e, Error::Post(softrdma::proto::qp::PostError::QueueFull)));
+    assert_eq!(e.errno(), libc_enomem());
+}
+
+fn libc_enomem() -> i32 {
+    12
+}
+
+#[test]
+fn a_thousand_qps_with_traffic_on_every_one() {
+    let (ca, cb) = (
+        Context::open_port(IpAddr::from([127, 0, 5, 3]), 0).unwrap(),
+        Context::open_port(IpAddr::from([127, 0, 5, 4]), 0).unwrap(),
+    );
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let (cqa, cqb) = (ca.create_cq(4096, None).unwrap(), cb.create_cq(4096, None).unwrap());
+    let n = 1000;
+    let src = pa.register(64 * n, Access::NONE).unwrap();
+    let dst = pb.register(64 * n, Access::LOCAL_WRITE).unwrap();
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, ..QpCaps::default() };
+    let mut qps = Vec::new();
+    for i in 0..n {
+        let qa = pa.create_qp(&QpBuilder::rc().caps(caps), &cqa, &cqa).unwrap();
+        let qb = pb.create_qp(&QpBuilder::rc().caps(caps), &cqb, &cqb).unwrap();
+        qb.post_recv(RecvWr { wr_id: i as u64, sg_list: vec![dst.sge(64 * i, 64).unwrap()] }).unwrap();
+        let (ea, eb) = (qa.endpoint(), qb.endpoint());
+        qps.push((
+            qa.handshake(&eb, &ConnectOptions::default()).unwrap(),
+            qb.handshake(&ea, &ConnectOptions::default()).unwrap(),
+        ));
+    }
+    let data: Vec<u8> = (0..64 * n).map(|k| (k % 241) as u8).collect();
+    src.write(0, &data).unwrap();
+    for (i, (qa, _)) in qps.iter().enumerate() {
+        let flags = SendFlags { signaled: true, ..Default::default() };
+        qa.post_send(SendWr {
+            wr_id: i as u64,
+            op: SendOp::Send,
+            sg_list: vec![src.sge(64 * i, 64).unwrap()],
+            flags,
+            ud: None,
+        })
+        .unwrap();
+    }
+    let (mut sends, mut recvs) = (vec![false; n], vec![false; n]);
+    let (mut ns, mut nr) = (0, 0);
+    let t = Instant::now();
+    while ns < n || nr < n {
+        assert!(t.elapsed() < Duration::from_secs(60), "{ns} sends, {nr} receives completed");
+        while let Some(wc) = cqa.poll_one() {
+            assert_eq!(wc.status, WcStatus::Success);
+            assert!(!std::mem::replace(&mut sends[wc.wr_id as usize], true), "completed twice");
+            ns += 1;
+        }
+        while let Some(wc) = cqb.poll_one() {
+            assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 64));
+            assert!(!std::mem::replace(&mut recvs[wc.wr_id as usize], true), "completed twice");
+            nr += 1;
+        }
+    }
+    assert_eq!(dst.to_vec(), data);
+}
