@@ -7,6 +7,7 @@ mod decode;
 mod memserver;
 mod perf;
 mod pingpong;
+mod relay;
 mod sim;
 mod status;
 
@@ -49,6 +50,13 @@ enum Command {
     /// Server without a host, client with one, or both at once on loopback with --local.
     /// Options are perftest's.
     Perf(perf::PerfArgs),
+    /// Relay UDP between two endpoints, dropping, duplicating, reordering, corrupting and
+    /// delaying datagrams by a seeded schedule.
+    ///
+    /// Each endpoint uses the relay's address facing it as its peer's address. ICRCs are
+    /// moved to the new addresses (a damaged packet stays damaged) before the relay's own
+    /// damage. Counters are printed at exit.
+    Relay(relay::RelayArgs),
     /// List the RDMA devices (like ibv_devices).
     Devices(status::DevicesArgs),
     /// Show devices, ports and limits (like ibv_devinfo).
@@ -67,6 +75,7 @@ fn main() {
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Memserver(args) => memserver::run(&args),
         Command::Perf(args) => perf::run(&args),
+        Command::Relay(args) => relay::run(&args),
         Command::Devices(args) => status::devices(&args),
         Command::Devinfo(args) => status::devinfo(&args),
         Command::Stat(args) => status::stat(&args),

@@ -65,6 +65,10 @@ pub struct PingPongArgs {
     /// rc or ud.
     #[arg(long, value_enum, default_value_t = Transport::Rc)]
     pub transport: Transport,
+    /// Send to this address instead of the one the peer advertised: the side of a
+    /// `softrdma relay` facing this process.
+    #[arg(long)]
+    pub via: Option<std::net::SocketAddr>,
 }
 
 type Failure = String;
@@ -217,6 +221,7 @@ fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
     }
     let mut connected = None;
     let theirs = exchange(args, &mine, |theirs| {
+        let theirs = &EndpointInfo { addr: args.via.unwrap_or(theirs.addr), ..*theirs };
         let qp = if ud {
             prepared.ready()
         } else {
@@ -228,11 +233,26 @@ fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
     let qp = connected.ok_or("not connected")?;
     println!("  local address:  QPN {:#08x}, PSN {:#08x}, GID {}", mine.qpn, mine.psn, mine.addr);
     println!("  remote address: QPN {:#08x}, PSN {:#08x}, GID {}", theirs.qpn, theirs.psn, theirs.addr);
-    let dest = ud.then(|| UdDest { addr: theirs.addr, qpn: softrdma::Qpn::new(theirs.qpn), qkey: QKEY });
+    let dest = ud.then(|| UdDest {
+        addr: args.via.unwrap_or(theirs.addr),
+        qpn: softrdma::Qpn::new(theirs.qpn),
+        qkey: QKEY,
+    });
     let client = args.host.is_some();
     let waiter = Waiter { cq: &cq, channel: channel.as_ref() };
-    let mut run =
-        Run { args, qp: &qp, rx: &rx, tx: &tx, slot, ud, dest, waiter, next_rx: 0, pending_sends: 0 };
+    let mut run = Run {
+        args,
+        qp: &qp,
+        rx: &rx,
+        tx: &tx,
+        slot,
+        ud,
+        dest,
+        waiter,
+        next_rx: 0,
+        pending_sends: 0,
+        early: Default::default(),
+    };
     let start = Instant::now();
     for i in 0..args.iters {
         if client {
@@ -287,6 +307,9 @@ struct Run<'a> {
     waiter: Waiter<'a>,
     next_rx: u64,
     pending_sends: u32,
+    /// Receives that completed while a send was awaited (its ACK can come after the
+    /// peer's answer when packets are lost).
+    early: std::collections::VecDeque<WorkCompletion>,
 }
 
 impl Run<'_> {
@@ -318,18 +341,22 @@ impl Run<'_> {
     fn account(&mut self, wc: WorkCompletion) -> Result<(), Failure> {
         match wc.opcode {
             WcOpcode::Send => self.pending_sends -= 1,
-            _ => return Err(format!("unexpected completion {:?} while waiting for a send", wc.opcode)),
+            WcOpcode::Recv => self.early.push_back(wc),
+            _ => return Err(format!("unexpected completion {:?}", wc.opcode)),
         }
         Ok(())
     }
 
     fn receive(&mut self, i: u64, side: u8) -> Result<(), Failure> {
-        let wc = loop {
-            let wc = self.waiter.next()?;
-            if wc.opcode == WcOpcode::Recv {
-                break wc;
-            }
-            self.account(wc)?;
+        let wc = match self.early.pop_front() {
+            Some(wc) => wc,
+            None => loop {
+                let wc = self.waiter.next()?;
+                if wc.opcode == WcOpcode::Recv {
+                    break wc;
+                }
+                self.account(wc)?;
+            },
         };
         let k = wc.wr_id as usize;
         if wc.wr_id != self.next_rx % RX_DEPTH as u64 {

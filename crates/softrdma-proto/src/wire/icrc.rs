@@ -178,6 +178,20 @@ pub fn verify(encap: &Encap, udp_payload: &[u8]) -> bool {
     split_icrc(udp_payload).is_some_and(|(body, icrc)| compute(encap, body) == icrc)
 }
 
+/// Moves the ICRC at the end of `udp_payload` from the encapsulation `old` to `new` (a
+/// relay that changes the addresses and ports). The CRC is linear, so the change is the
+/// same whatever the body holds: a packet damaged before the relay stays damaged after it,
+/// and a sound one becomes sound for `new`. Returns false if the payload is too short.
+pub fn repatch(old: &Encap, new: &Encap, udp_payload: &mut [u8]) -> bool {
+    let Some((body, _)) = split_icrc(udp_payload) else { return false };
+    let delta = compute(old, body) ^ compute(new, body);
+    let n = udp_payload.len();
+    let icrc =
+        u32::from_le_bytes([udp_payload[n - 4], udp_payload[n - 3], udp_payload[n - 2], udp_payload[n - 1]]);
+    udp_payload[n - 4..].copy_from_slice(&(icrc ^ delta).to_le_bytes());
+    true
+}
+
 /// The IPv4 fields a receiver could not see, recovered by [`solve_ipv4_ident`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Ipv4Ident {
@@ -445,6 +459,20 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn repatch_moves_good_packets_and_keeps_bad_ones_bad() {
+        let old = encap_of(&V2);
+        let new = Encap::new("10.9.9.9:1234".parse().unwrap(), "10.8.8.8:4791".parse().unwrap()).unwrap();
+        let mut good = V2[28..].to_vec();
+        assert!(repatch(&old, &new, &mut good));
+        assert!(verify(&new, &good) && !verify(&old, &good));
+        let mut bad = V2[28..].to_vec();
+        bad[20] ^= 0x10;
+        assert!(repatch(&old, &new, &mut bad));
+        assert!(!verify(&new, &bad), "corruption before the relay is not hidden");
+        assert!(!repatch(&old, &new, &mut [0u8; 3]));
     }
 
     #[test]
