@@ -335,7 +335,7 @@ impl QueuePair {
                 self.go_back(self.req.acked_psn + 1);
             }
         }
-        if !self.req.ack_deadline.is_some_and(|t| now >= t) {
+        if self.req.ack_deadline.is_none_or(|t| now < t) {
             return;
         }
         self.req.ack_deadline = None;
