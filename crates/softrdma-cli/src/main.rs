@@ -9,6 +9,7 @@ mod perf;
 mod pingpong;
 mod relay;
 mod sim;
+mod soak;
 mod status;
 
 /// softrdma: RDMA (RoCEv2) in user space over UDP.
@@ -57,6 +58,12 @@ enum Command {
     /// moved to the new addresses (a damaged packet stays damaged) before the relay's own
     /// damage. Counters are printed at exit.
     Relay(relay::RelayArgs),
+    /// Mixed RC traffic between two processes through an impaired relay, every byte and
+    /// completion checked, for --duration.
+    ///
+    /// Starts the relay and both endpoints itself. The last line is
+    /// `ops=N data-errors=0 status-errors=0 ...`; any error exits 1.
+    Soak(soak::SoakArgs),
     /// List the RDMA devices (like ibv_devices).
     Devices(status::DevicesArgs),
     /// Show devices, ports and limits (like ibv_devinfo).
@@ -76,6 +83,7 @@ fn main() {
         Command::Memserver(args) => memserver::run(&args),
         Command::Perf(args) => perf::run(&args),
         Command::Relay(args) => relay::run(&args),
+        Command::Soak(args) => soak::run(&args),
         Command::Devices(args) => status::devices(&args),
         Command::Devinfo(args) => status::devinfo(&args),
         Command::Stat(args) => status::stat(&args),

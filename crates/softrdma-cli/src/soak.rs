@@ -1,0 +1,442 @@
+//! `softrdma soak`: mixed RC traffic between two processes through an impaired relay, with
+//! every byte and every completion checked, for a given time.
+//!
+//! This process runs the relay (a thread) and the active endpoint; it starts the passive
+//! endpoint as a second process (`softrdma soak --role passive`), talking to it over its
+//! stdin and stdout. The active side keeps `--depth` operations in flight: SEND_WITH_IMM,
+//! WRITE_WITH_IMM, READ, FetchAdd and CompareSwap, sizes from 0 B to `--max-size` (mostly
+//! small). Everything about operation `n` — kind, size, contents, target — follows from
+//! `n` and the seed, so each side can check what it sees: the passive side checks every
+//! SEND and every WRITE_WITH_IMM when its receive completes (the immediate carries `n`);
+//! the active side checks READ data against the passive side's known pattern and every
+//! atomic's fetched value against its model of the counter, which only it changes. At the
+//! end the passive side reports, and the last line sums both: `ops=N data-errors=E
+//! status-errors=S ...`; any error exits 1.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use softrdma::{
+    Access, ConnectOptions, Context, EndpointInfo, MemoryRegion, QpBuilder, QpCaps, QueuePair, RecvWr,
+    RemoteRegion, Rkey, SendFlags, SendOp, SendWr, WcOpcode, WcStatus,
+};
+use softrdma_proto::sim::{Impairments, Rng};
+
+use crate::relay::Relay;
+
+/// Arguments of `softrdma soak`.
+#[derive(Debug, clap::Args)]
+pub struct SoakArgs {
+    /// How long to run, e.g. `40s`, `10m` or a number of seconds.
+    #[arg(long, default_value = "40s", value_parser = duration)]
+    pub duration: Duration,
+    /// Datagrams lost by the relay, in percent.
+    #[arg(long, default_value_t = 5.0)]
+    pub loss: f64,
+    /// Datagrams duplicated, in percent.
+    #[arg(long, default_value_t = 1.0)]
+    pub dup: f64,
+    /// Datagrams reordered, in percent.
+    #[arg(long, default_value_t = 5.0)]
+    pub reorder: f64,
+    /// Datagrams corrupted, in percent.
+    #[arg(long, default_value_t = 0.5)]
+    pub corrupt: f64,
+    /// Seed of the workload and of the relay.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Largest message.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_size: usize,
+    /// Operations in flight.
+    #[arg(long, default_value_t = 8)]
+    pub depth: usize,
+    /// Internal: the passive side, started by the active one.
+    #[arg(long, hide = true)]
+    pub role: Option<String>,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.find(|c: char| c.is_ascii_alphabetic()).map_or((s, "s"), |i| s.split_at(i));
+    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration"))?;
+    let secs = match unit {
+        "s" => v,
+        "m" => v * 60.0,
+        "h" => v * 3600.0,
+        "ms" => v / 1000.0,
+        _ => return Err(format!("unknown unit in {s:?} (use s, m, h or ms)")),
+    };
+    if secs.is_finite() && secs > 0.0 {
+        Ok(Duration::from_secs_f64(secs))
+    } else {
+        Err(format!("{s:?} is not a positive duration"))
+    }
+}
+
+/// WRITE slots at the passive side: many more than operations in flight, so that a slot is
+/// not written again before the passive side has checked it.
+const SLOTS: u64 = 64;
+const READ_AREA: usize = 4 << 20;
+const PASSIVE_IP: [u8; 4] = [127, 0, 9, 2];
+const ACTIVE_IP: [u8; 4] = [127, 0, 9, 3];
+const RELAY_A: [u8; 4] = [127, 0, 9, 4];
+const RELAY_B: [u8; 4] = [127, 0, 9, 5];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Send,
+    Write,
+    Read,
+    FetchAdd,
+    CompareSwap,
+}
+
+/// Kind and size of operation `n`.
+fn plan(seed: u64, n: u64, max: usize) -> (Kind, usize) {
+    let mut r = Rng::new(seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let kind = match r.below(10) {
+        0..=2 => Kind::Send,
+        3..=5 => Kind::Write,
+        6..=7 => Kind::Read,
+        8 => Kind::FetchAdd,
+        _ => Kind::CompareSwap,
+    };
+    let cap = match r.below(100) {
+        0..=69 => 4096,
+        70..=94 => 256 << 10,
+        _ => max as u64,
+    };
+    let size = if matches!(kind, Kind::FetchAdd | Kind::CompareSwap) {
+        8
+    } else {
+        r.below(cap.min(max as u64) + 1) as usize
+    };
+    (kind, size)
+}
+
+/// Byte `k` of the message of operation `n`.
+fn byte(n: u64, k: usize) -> u8 {
+    (n.wrapping_mul(31) as usize).wrapping_add(k.wrapping_mul(7)).wrapping_add(k >> 8) as u8
+}
+
+/// Byte `k` of the passive side's read area.
+fn read_byte(k: usize) -> u8 {
+    (k.wrapping_mul(13) ^ (k >> 10)) as u8
+}
+
+/// Where in the read area operation `n` reads `size` bytes.
+fn read_offset(n: u64, size: usize) -> usize {
+    (n as usize).wrapping_mul(4099) % (READ_AREA - size.min(READ_AREA) + 1)
+}
+
+/// Runs the command; returns the process exit status.
+pub fn run(args: &SoakArgs) -> i32 {
+    let r = if args.role.as_deref() == Some("passive") { passive(args) } else { active(args) };
+    match r {
+        Ok(true) => 0,
+        Ok(false) => 1,
+        Err(e) => {
+            eprintln!("softrdma soak: {e}");
+            2
+        }
+    }
+}
+
+struct Area {
+    mr: MemoryRegion,
+    slot: usize,
+}
+
+fn access() -> Access {
+    Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC
+}
+
+/// The passive side: a region (write slots, read area, counter), receives posted; checks
+/// each SEND and WRITE_WITH_IMM as it completes; reports when stdin closes.
+fn passive(args: &SoakArgs) -> Result<bool, String> {
+    let ctx = Context::open_port(IpAddr::from(PASSIVE_IP), 0).map_err(|e| e.to_string())?;
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(4 * args.depth + 16, None).map_err(|e| e.to_string())?;
+    let slot = args.max_size.max(8);
+    // Write slots, then the read area, then the counter.
+    let mr = pd.register(slot * SLOTS as usize + READ_AREA + 8, access()).map_err(|e| e.to_string())?;
+    let pattern: Vec<u8> = (0..READ_AREA).map(read_byte).collect();
+    mr.write(slot * SLOTS as usize, &pattern).map_err(|e| e.to_string())?;
+    let recv = pd.register(slot * 2 * args.depth, Access::LOCAL_WRITE).map_err(|e| e.to_string())?;
+    let caps = QpCaps { max_recv_wr: (2 * args.depth) as u32, ..QpCaps::default() };
+    let prepared =
+        pd.create_qp(&QpBuilder::rc().access(access()).caps(caps), &cq, &cq).map_err(|e| e.to_string())?;
+    for k in 0..2 * args.depth {
+        prepared
+            .post_recv(RecvWr {
+                wr_id: k as u64,
+                sg_list: vec![recv.sge(k * slot, slot).map_err(|e| e.to_string())?],
+            })
+            .map_err(|e| e.to_string())?;
+    }
+    let mine = EndpointInfo { region: Some(mr.remote()), ..prepared.endpoint() };
+    println!("{}", serde_json::to_string(&mine).map_err(|e| e.to_string())?);
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    stdin.lock().read_line(&mut line).map_err(|e| e.to_string())?;
+    let theirs: EndpointInfo = serde_json::from_str(line.trim()).map_err(|e| e.to_string())?;
+    let qp = prepared.handshake(&theirs, &opts()).map_err(|e| e.to_string())?;
+    // Watch stdin for the end on another thread.
+    let done = Arc::new(AtomicBool::new(false));
+    let d2 = done.clone();
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        while std::io::stdin().lock().read_line(&mut rest).map(|n| n > 0).unwrap_or(false) {}
+        d2.store(true, Ordering::Relaxed);
+    });
+    let (mut received, mut data_errors, mut status_errors) = (0u64, 0u64, 0u64);
+    let area = Area { mr, slot };
+    while !done.load(Ordering::Relaxed) {
+        let Some(wc) = cq.poll_one() else {
+            std::thread::yield_now();
+            continue;
+        };
+        if wc.status != WcStatus::Success {
+            status_errors += 1;
+            eprintln!("passive: completion {:?} {:?}", wc.opcode, wc.status);
+            continue;
+        }
+        let n = u64::from(wc.imm_data.unwrap_or(0));
+        let (kind, size) = plan(args.seed, n, args.max_size);
+        let got = match wc.opcode {
+            WcOpcode::Recv => {
+                let mut v = vec![0u8; wc.byte_len as usize];
+                recv.read(wc.wr_id as usize * slot, &mut v).map_err(|e| e.to_string())?;
+                (kind == Kind::Send).then_some(v)
+            }
+            WcOpcode::RecvRdmaWithImm => {
+                let mut v = vec![0u8; wc.byte_len as usize];
+                area.mr.read((n % SLOTS) as usize * area.slot, &mut v).map_err(|e| e.to_string())?;
+                (kind == Kind::Write).then_some(v)
+            }
+            _ => None,
+        };
+        match got {
+            Some(v) if v.len() == size && v.iter().enumerate().all(|(k, &b)| b == byte(n, k)) => {}
+            _ => {
+                data_errors += 1;
+                eprintln!("passive: operation {n} ({kind:?}, {size} bytes) arrived wrong");
+            }
+        }
+        received += 1;
+        let sge = recv.sge(wc.wr_id as usize * slot, slot).map_err(|e| e.to_string())?;
+        if wc.opcode == WcOpcode::Recv || wc.opcode == WcOpcode::RecvRdmaWithImm {
+            qp.post_recv(RecvWr { wr_id: wc.wr_id, sg_list: vec![sge] }).map_err(|e| e.to_string())?;
+        }
+    }
+    println!("{{\"received\":{received},\"data_errors\":{data_errors},\"status_errors\":{status_errors}}}");
+    Ok(data_errors + status_errors == 0)
+}
+
+fn opts() -> ConnectOptions {
+    // A short ACK timeout: the relay loses packets on purpose.
+    ConnectOptions { timeout: 12, ..ConnectOptions::default() }
+}
+
+struct InFlight {
+    n: u64,
+    kind: Kind,
+    size: usize,
+    local: usize,
+    before: u64,
+}
+
+fn active(args: &SoakArgs) -> Result<bool, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = Command::new(exe)
+        .args([
+            "soak",
+            "--role",
+            "passive",
+            "--seed",
+            &args.seed.to_string(),
+            "--max-size",
+            &args.max_size.to_string(),
+        ])
+        .args(["--depth", &args.depth.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let mut child_in = child.stdin.take().ok_or("no stdin")?;
+    let mut child_out = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+    let mut line = String::new();
+    child_out.read_line(&mut line).map_err(|e| e.to_string())?;
+    let passive: EndpointInfo =
+        serde_json::from_str(line.trim()).map_err(|e| format!("passive side: {e}"))?;
+    let region = passive.region.ok_or("passive side offers no region")?;
+
+    let ctx = Context::open_port(IpAddr::from(ACTIVE_IP), 0).map_err(|e| e.to_string())?;
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(4 * args.depth + 16, None).map_err(|e| e.to_string())?;
+    let slot = args.max_size.max(8);
+    let mr = pd.register(slot * args.depth, Access::LOCAL_WRITE).map_err(|e| e.to_string())?;
+    let prepared = pd.create_qp(&QpBuilder::rc(), &cq, &cq).map_err(|e| e.to_string())?;
+    let mine = prepared.endpoint();
+
+    // The relay: A = the passive side, B = us.
+    let imp = Impairments::from_percent(args.loss, args.dup, args.reorder, args.corrupt);
+    let mut relay = Relay::new(
+        SocketAddr::new(IpAddr::from(RELAY_A), 0),
+        SocketAddr::new(IpAddr::from(RELAY_B), 0),
+        passive.addr,
+        mine.addr,
+        imp,
+        args.seed,
+    )
+    .map_err(|e| e.to_string())?;
+    let (a_side, b_side) = relay.sides();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let relay_thread = std::thread::spawn(move || relay.run(&s2, None));
+
+    // Each side's peer is the relay's side facing it.
+    let for_passive = EndpointInfo { addr: a_side, ..mine };
+    writeln!(child_in, "{}", serde_json::to_string(&for_passive).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let qp =
+        prepared.handshake(&EndpointInfo { addr: b_side, ..passive }, &opts()).map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let r = drive(args, &qp, &cq, &mr, region, slot, start);
+    drop(child_in);
+    let mut report = String::new();
+    let _ = child_out.read_line(&mut report);
+    let _ = child.wait();
+    stop.store(true, Ordering::Relaxed);
+    let relay_stats = relay_thread.join().map_err(|_| "relay thread failed")?;
+    let (ops, mut data_errors, mut status_errors) = r?;
+    let v: serde_json::Value = serde_json::from_str(report.trim()).unwrap_or_default();
+    data_errors += v["data_errors"].as_u64().unwrap_or(1);
+    status_errors += v["status_errors"].as_u64().unwrap_or(1);
+    let q = qp.stats();
+    println!(
+        "relay: received={} repatched={} {}",
+        relay_stats.received, relay_stats.repatched, relay_stats.net
+    );
+    println!(
+        "requester: packets={} retransmits={} timeouts={} seq-naks={} rnr-naks={}",
+        q.packets_sent, q.retransmits, q.timeouts, q.seq_naks_received, q.rnr_naks_received
+    );
+    println!(
+        "ops={ops} data-errors={data_errors} status-errors={status_errors} passive-received={} elapsed={:.1}s",
+        v["received"].as_u64().unwrap_or(0),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(data_errors + status_errors == 0)
+}
+
+/// Keeps `depth` operations in flight until the time is up; returns (completed,
+/// data errors, status errors).
+fn drive(
+    args: &SoakArgs,
+    qp: &QueuePair,
+    cq: &softrdma::CompletionQueue,
+    mr: &MemoryRegion,
+    region: RemoteRegion,
+    slot: usize,
+    start: Instant,
+) -> Result<(u64, u64, u64), String> {
+    let rkey = Rkey(region.rkey);
+    let read_base = region.addr + slot as u64 * SLOTS;
+    let counter = read_base + READ_AREA as u64;
+    let mut model = 0u64;
+    let mut inflight: VecDeque<InFlight> = VecDeque::new();
+    let mut free: Vec<usize> = (0..args.depth).rev().collect();
+    let (mut next, mut done, mut data_errors, mut status_errors) = (0u64, 0u64, 0u64, 0u64);
+    let mut last_progress = Instant::now();
+    loop {
+        let running = start.elapsed() < args.duration;
+        while running && inflight.len() < args.depth {
+            let n = next;
+            next += 1;
+            let (kind, size) = plan(args.seed, n, args.max_size);
+            let local = free.pop().ok_or("no free slot")? * slot;
+            let imm = n as u32;
+            let before = model;
+            let op = match kind {
+                Kind::Send => SendOp::SendWithImm(imm),
+                Kind::Write => {
+                    SendOp::WriteWithImm { remote_addr: region.addr + (n % SLOTS) * slot as u64, rkey, imm }
+                }
+                Kind::Read => {
+                    let off = read_offset(n, size);
+                    SendOp::Read { remote_addr: read_base + off as u64, rkey }
+                }
+                Kind::FetchAdd => {
+                    model = model.wrapping_add(n);
+                    SendOp::FetchAdd { remote_addr: counter, rkey, add: n }
+                }
+                Kind::CompareSwap => {
+                    let compare = if n % 2 == 0 { before } else { before ^ 1 };
+                    if compare == before {
+                        model = n;
+                    }
+                    SendOp::CompareSwap { remote_addr: counter, rkey, compare, swap: n }
+                }
+            };
+            if matches!(kind, Kind::Send | Kind::Write) {
+                let data: Vec<u8> = (0..size).map(|k| byte(n, k)).collect();
+                mr.write(local, &data).map_err(|e| e.to_string())?;
+            }
+            let size = size.min(READ_AREA);
+            let wr = SendWr {
+                wr_id: n,
+                op,
+                sg_list: vec![mr.sge(local, size).map_err(|e| e.to_string())?],
+                flags: SendFlags { signaled: true, ..Default::default() },
+                ud: None,
+            };
+            qp.post_send(wr).map_err(|e| e.to_string())?;
+            inflight.push_back(InFlight { n, kind, size, local, before });
+        }
+        if !running && inflight.is_empty() {
+            return Ok((done, data_errors, status_errors));
+        }
+        let Some(wc) = cq.poll_one() else {
+            if last_progress.elapsed() > Duration::from_secs(60) {
+                return Err(format!("no completion for 60 s with {} operations in flight", inflight.len()));
+            }
+            continue;
+        };
+        last_progress = Instant::now();
+        let op = inflight.pop_front().ok_or("completion with nothing in flight")?;
+        if wc.wr_id != op.n || wc.status != WcStatus::Success {
+            status_errors += 1;
+            eprintln!("active: operation {} ({:?}): completion {} {:?}", op.n, op.kind, wc.wr_id, wc.status);
+        } else {
+            let ok = match op.kind {
+                Kind::Read => {
+                    let off = read_offset(op.n, op.size);
+                    let mut v = vec![0u8; op.size];
+                    mr.read(op.local, &mut v).map_err(|e| e.to_string())?;
+                    v.iter().enumerate().all(|(k, &b)| b == read_byte(off + k))
+                }
+                Kind::FetchAdd | Kind::CompareSwap => {
+                    let mut v = [0u8; 8];
+                    mr.read(op.local, &mut v).map_err(|e| e.to_string())?;
+                    u64::from_ne_bytes(v) == op.before
+                }
+                _ => true,
+            };
+            if !ok {
+                data_errors += 1;
+                eprintln!(
+                    "active: operation {} ({:?}, {} bytes) returned wrong data",
+                    op.n, op.kind, op.size
+                );
+            }
+        }
+        done += 1;
+        free.push(op.local / slot);
+    }
+}
