@@ -17,5 +17,8 @@ fn short_soak_through_the_relay_has_no_errors() {
     let ops: u64 = last.split_whitespace().next().unwrap().trim_start_matches("ops=").parse().unwrap();
     assert!(ops > 50, "{last}");
     let relay = text.lines().find(|l| l.starts_with("relay:")).unwrap();
-    assert!(!relay.contains(" lost=0 ") && !relay.contains(" corrupted=0 "), "the relay did its damage: {relay}");
+    assert!(
+        !relay.contains(" lost=0 ") && !relay.contains(" corrupted=0 "),
+        "the relay did its damage: {relay}"
+    );
 }
