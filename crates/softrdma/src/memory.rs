@@ -12,12 +12,11 @@
 //! is never freed while a packet is being built from it or written into it.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use softrdma_proto::memory::{Access, AtomicOp, MemError, MemKey, Memory, PdId, Segment};
-use softrdma_proto::sim::Rng;
 use softrdma_proto::{Lkey, Rkey};
 
 /// Where a region's bytes are.
@@ -168,23 +167,35 @@ impl MrInner {
 }
 
 /// Every registered region of a device, by key.
+///
+/// Keys are the standard library's randomly keyed hash (SipHash-1-3 today) of a counter,
+/// under a 128-bit key the standard library draws from
+/// the operating system's random source: a keyed pseudo-random function, so seeing some
+/// keys tells nothing about others. An attacker must guess 32 bits: with R regions
+/// registered, a guessed R_Key hits one with probability R / 2^32 — and must also name
+/// an address inside it, in the right protection domain, with the right access.
 #[derive(Debug)]
 pub(crate) struct Registry {
     by_lkey: HashMap<u32, Arc<MrInner>>,
     by_rkey: HashMap<u32, u32>,
-    rng: Rng,
+    keygen: std::collections::hash_map::RandomState,
+    counter: u64,
 }
 
 impl Registry {
     pub(crate) fn new() -> Registry {
-        // The process's hash seed is random: a good enough source for unpredictable keys.
-        let seed = std::collections::hash_map::RandomState::new().build_hasher().finish();
-        Registry { by_lkey: HashMap::new(), by_rkey: HashMap::new(), rng: Rng::new(seed) }
+        Registry {
+            by_lkey: HashMap::new(),
+            by_rkey: HashMap::new(),
+            keygen: std::collections::hash_map::RandomState::new(),
+            counter: 0,
+        }
     }
 
     fn fresh_key(&mut self) -> u32 {
         loop {
-            let k = self.rng.next_u32();
+            self.counter += 1;
+            let k = self.keygen.hash_one(self.counter) as u32;
             if k != 0 && !self.by_lkey.contains_key(&k) && !self.by_rkey.contains_key(&k) {
                 return k;
             }
