@@ -171,6 +171,7 @@ fn hostile_peer() {
     let a = Attacker::new(v.ctx.local_addr());
     let target = v.target.remote();
     let trk = Rkey(target.rkey);
+    let rss_before = rss();
 
     // 1. Garbage and truncations: dropped silently, nothing answered.
     let mut seed = 0x9E37_79B9u32;
@@ -277,6 +278,16 @@ fn hostile_peer() {
     }
     assert!(v.target.to_vec().iter().all(|&b| b == 0 || b == 0xEE));
     legit();
+    // Memory stays bounded: the attacks leave no queues or buffers behind.
+    let grown = rss().saturating_sub(rss_before);
+    assert!(grown < 64 << 20, "resident memory grew by {grown} bytes");
+}
+
+/// Resident memory of this process in bytes.
+fn rss() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: usize = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    pages * 4096
 }
 
 fn payload_for(op: Opcode) -> usize {
