@@ -275,7 +275,14 @@ impl CompletionChannel {
                 return Ok(None);
             }
             self.ctx.shared.app_blocking();
-            sys::wait_readable([self.shared.efd.as_raw_fd()], Some(left))?;
+            // Wait on the device socket too: when a packet arrives, this thread processes it
+            // itself, which saves the hop through the progress thread on the way to the
+            // event (the progress thread, woken as well, finds nothing left and sleeps).
+            let fds = [self.shared.efd.as_raw_fd(), self.ctx.shared.socket_fd()];
+            let ready = sys::wait_readable(fds, Some(left))?;
+            if ready[1] {
+                self.ctx.shared.try_progress_quiet();
+            }
             self.shared.efd.drain();
         }
     }

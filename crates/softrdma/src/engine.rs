@@ -151,7 +151,9 @@ impl Shared {
             rx: RecvBatch::new(RX_BATCH, RX_SLOT),
             out: Vec::with_capacity(BATCH),
         };
-        sys::enable_gro(socket.as_raw_fd());
+        if std::env::var_os("SOFTRDMA_NO_GRO").is_none() {
+            sys::enable_gro(socket.as_raw_fd());
+        }
         Ok(Shared {
             core: Mutex::new(core),
             socket,
@@ -192,6 +194,13 @@ impl Shared {
                 true
             }
             Err(std::sync::TryLockError::WouldBlock) => false,
+        }
+    }
+
+    /// Runs one pass if the engine is free, without counting as a busy poll.
+    pub(crate) fn try_progress_quiet(&self) {
+        if let Ok(mut core) = self.core.try_lock() {
+            self.progress(&mut core);
         }
     }
 
@@ -354,6 +363,11 @@ impl Shared {
             packets_received: g(&c.packets_received),
             gro_trains: g(&c.gro_trains),
         }
+    }
+
+    /// The device socket, for threads that wait on it themselves.
+    pub(crate) fn socket_fd(&self) -> std::os::fd::RawFd {
+        self.socket.as_raw_fd()
     }
 
     /// An application thread is about to block (on a completion channel): the progress
