@@ -49,7 +49,8 @@ pub const PORT_ENV: &str = "SOFTRDMA_PORT";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Device {
     /// Stable name: `srdma_<interface>` for an interface's first address,
-    /// `srdma_<interface>_<address>` for the others.
+    /// `srdma_<interface>_<n>` for its n-th other one, and `srdma_<interface>_<address>`
+    /// for an address the interface does not list (127.0.0.2 on `lo`).
     pub name: String,
     /// The address.
     pub addr: IpAddr,
@@ -64,13 +65,21 @@ pub struct Device {
 }
 
 impl Device {
-    fn from_iface(i: &InterfaceAddr, first: bool) -> Device {
-        let name = if first {
-            format!("srdma_{}", i.name)
-        } else {
-            let a: String =
-                i.addr.to_string().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-            format!("srdma_{}_{}", i.name, a)
+    /// `index`: the address's position among its interface's listed addresses, or `None`
+    /// for an address no interface lists (such as 127.0.0.2).
+    fn from_iface(i: &InterfaceAddr, index: Option<usize>) -> Device {
+        let name = match index {
+            Some(0) => format!("srdma_{}", i.name),
+            Some(k) => format!("srdma_{}_{k}", i.name),
+            None => {
+                let a: String = i
+                    .addr
+                    .to_string()
+                    .chars()
+                    .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                    .collect();
+                format!("srdma_{}_{}", i.name, a)
+            }
         };
         Device {
             name,
@@ -113,8 +122,15 @@ pub fn addr_of_gid(gid: [u8; 16]) -> IpAddr {
 
 /// Every device of this host: one per address of every interface.
 pub fn devices() -> Result<Vec<Device>> {
-    let mut seen = std::collections::HashSet::new();
-    Ok(interfaces::list()?.iter().map(|i| Device::from_iface(i, seen.insert(i.name.clone()))).collect())
+    let mut count: HashMap<String, usize> = HashMap::new();
+    Ok(interfaces::list()?
+        .iter()
+        .map(|i| {
+            let k = count.entry(i.name.clone()).or_insert(0);
+            *k += 1;
+            Device::from_iface(i, Some(*k - 1))
+        })
+        .collect())
 }
 
 /// The device with this name, or of this address (which need not be listed, e.g.
@@ -125,7 +141,7 @@ pub fn find_device(name_or_addr: &str) -> Result<Device> {
             return Ok(d);
         }
         let i = interfaces::find(addr)?.ok_or(Error::NoSuchDevice(addr))?;
-        return Ok(Device::from_iface(&i, false));
+        return Ok(Device::from_iface(&i, None));
     }
     devices()?
         .into_iter()
