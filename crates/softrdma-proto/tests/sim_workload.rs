@@ -68,3 +68,25 @@ fn the_issue_scenario_for_several_seeds() {
         assert!(r.requester.retransmits > 0);
     }
 }
+
+#[test]
+fn packets_delayed_past_the_ack_timeout() {
+    // 5% of datagrams arrive up to 60 ms late, far past the 16.8 ms ACK timeout: spurious
+    // timeouts and go-backs, and ACKs for packets the requester is already resending.
+    for seed in 0..8 {
+        let imp = Impairments {
+            reorder: 0.05,
+            jitter: std::time::Duration::from_millis(60),
+            ..Impairments::default()
+        };
+        let r =
+            run_workload(WorkloadConfig { ops: 1500, seed, impairments: imp, ..WorkloadConfig::default() });
+        assert_eq!(
+            (r.completed, r.data_errors, r.status_errors),
+            (1500, 0, 0),
+            "seed {seed}: {:?}",
+            r.problems
+        );
+        assert!(r.requester.timeouts > 0, "the delays caused timeouts");
+    }
+}
