@@ -123,11 +123,22 @@ impl Endpoint {
             self.stats.malformed += 1;
             return;
         };
+        let qp = self.qps.get_mut(&pkt.bth().dest_qp().get());
         if !icrc::verify(&encap, bytes) {
-            self.stats.icrc_errors += 1;
-            return;
+            // Only a QP whose peer is foreign accepts the ID-agnostic check.
+            let foreign = qp.as_ref().is_some_and(|q| q.foreign_peer());
+            let agnostic = match (src, self.local) {
+                (SocketAddr::V4(s), SocketAddr::V4(d)) if foreign => {
+                    icrc::solve_ipv4_ident(s, d, bytes).is_some()
+                }
+                _ => false,
+            };
+            if !agnostic {
+                self.stats.icrc_errors += 1;
+                return;
+            }
         }
-        let Some(qp) = self.qps.get_mut(&pkt.bth().dest_qp().get()) else {
+        let Some(qp) = qp else {
             self.stats.unknown_qp += 1;
             return;
         };

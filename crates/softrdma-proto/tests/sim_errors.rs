@@ -324,3 +324,41 @@ fn a_flood_of_duplicate_reads_is_not_amplified() {
     let (s, r) = p.complete(1, 1);
     assert_eq!((s[0].status, r[0].status), (WcStatus::Success, WcStatus::Success));
 }
+
+#[test]
+fn foreign_peers_are_checked_without_the_ipv4_identification() {
+    use softrdma_proto::sim::Sim;
+    use softrdma_proto::wire::{icrc, BthRepr, Opcode, PacketRepr};
+    // A SEND from node 0's address whose ICRC covers Identification 4242, as Linux rxe's
+    // kernel might have sent it.
+    let packet = |p: &Pair| {
+        let mut bth = BthRepr::new(Opcode::new(0x04).unwrap(), p.qb, softrdma_proto::Psn::new(0xFF_FF00));
+        bth.ack_req = true;
+        let r = PacketRepr::new(bth, 5);
+        let encap = icrc::Encap::new(Sim::addr_of(0), Sim::addr_of(1)).unwrap().with_ipv4_ident(4242, true);
+        let mut buf = vec![0u8; r.total_len()];
+        r.emit(&mut buf, b"hello", &encap).unwrap();
+        buf
+    };
+    for foreign in [false, true] {
+        let mut p = Pair::new(40, Impairments::default());
+        p.sim.nodes[1].endpoint.qp_mut(p.qb).unwrap().set_foreign_peer(foreign);
+        p.post_recv(1, 64);
+        let bytes = packet(&p);
+        let node = &mut p.sim.nodes[1];
+        node.endpoint.handle_datagram(p.sim.now, Sim::addr_of(0), &bytes, &mut node.mem);
+        let wc = node.endpoint.qp_mut(p.qb).unwrap().poll_recv_completion();
+        if foreign {
+            assert_eq!(wc.map(|w| (w.status, w.byte_len)), Some((WcStatus::Success, 5)));
+            assert_eq!(node.endpoint.stats().icrc_errors, 0);
+            // One flipped bit is still caught.
+            let mut bad = bytes.clone();
+            bad[20] ^= 1;
+            node.endpoint.handle_datagram(p.sim.now, Sim::addr_of(0), &bad, &mut node.mem);
+            assert_eq!(node.endpoint.stats().icrc_errors, 1);
+        } else {
+            assert!(wc.is_none(), "a softrdma peer's packets must match with ID 0: all 32 bits");
+            assert_eq!(node.endpoint.stats().icrc_errors, 1);
+        }
+    }
+}

@@ -256,11 +256,12 @@ impl Shared {
                 let Some(t) = endpoint.poll_transmit(now, head, mem) else { break };
                 let len = t.len();
                 let joins = gso
+                    && !t.alone
                     && matches!(train, Some((dst, size, segs, bytes, true))
                         if dst == t.dst && len <= size && segs < GSO_MAX_SEGS && bytes + len <= GSO_MAX_BYTES);
                 if !joins {
                     msgs.push(OutMsg::new(t.dst));
-                    train = Some((t.dst, len, 0, 0, true));
+                    train = Some((t.dst, len, 0, 0, !t.alone));
                 }
                 let (Some(msg), Some(tr)) = (msgs.last_mut(), train.as_mut()) else { break };
                 tr.2 += 1;

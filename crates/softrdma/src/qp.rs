@@ -144,6 +144,10 @@ pub struct ConnectOptions {
     pub min_rnr_timer: u8,
     /// READs and atomics in flight, each way.
     pub rd_atomic: u8,
+    /// The peer is Linux rxe or a RoCE NIC, not softrdma: its ICRCs are checked without
+    /// the IPv4 Identification it cannot tell us (15 of 32 bits), and nothing is sent to it
+    /// in GSO trains. See `QueuePair::set_foreign_peer` in the protocol crate.
+    pub foreign_peer: bool,
 }
 
 impl Default for ConnectOptions {
@@ -155,6 +159,7 @@ impl Default for ConnectOptions {
             rnr_retry: 7,
             min_rnr_timer: 12,
             rd_atomic: MAX_QP_RD_ATOM,
+            foreign_peer: false,
         }
     }
 }
@@ -289,6 +294,7 @@ impl PreparedQp {
             max_rd_atomic: rc.then_some(opts.rd_atomic),
             ..Default::default()
         };
+        self.qp.set_foreign_peer(opts.foreign_peer);
         self.qp.modify(&rtr)?;
         self.qp.modify(&rts)?;
         Ok(self.qp)
@@ -397,6 +403,12 @@ impl QueuePair {
     /// The current state.
     pub fn state(&self) -> QpState {
         self.ctx.shared.lock().endpoint.qp(self.qpn).map_or(QpState::Error, |q| q.state())
+    }
+
+    fn set_foreign_peer(&self, foreign: bool) {
+        if let Some(qp) = self.ctx.shared.lock().endpoint.qp_mut(self.qpn) {
+            qp.set_foreign_peer(foreign);
+        }
     }
 
     /// Counters.

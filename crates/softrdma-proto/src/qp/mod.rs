@@ -143,6 +143,9 @@ pub struct Transmit {
     pub tail: [u8; 7],
     /// Used length of `tail`.
     pub tail_len: usize,
+    /// Send this datagram on its own (not in a GSO train): its peer checks the ICRC
+    /// against the Identification the kernel writes, which is 0 only for single sends.
+    pub alone: bool,
 }
 
 impl Transmit {
@@ -255,6 +258,8 @@ pub struct QueuePair {
     req: requester::Requester,
     resp: responder::Responder,
     stats: QpStats,
+    /// The peer is not softrdma (Linux rxe, a RoCE NIC): see [`Self::set_foreign_peer`].
+    foreign_peer: bool,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -294,6 +299,7 @@ impl QueuePair {
             req: requester::Requester::new(Psn::new(0)),
             resp: responder::Responder::new(Psn::new(0)),
             stats: QpStats::default(),
+            foreign_peer: false,
         }
     }
 
@@ -340,6 +346,23 @@ impl QueuePair {
         if self.cfg.qp_type == QpType::Ud {
             self.mtu = mtu;
         }
+    }
+
+    /// Marks the peer as foreign (Linux rxe, a RoCE NIC) or softrdma (the default).
+    ///
+    /// A softrdma peer computes every ICRC for IPv4 Identification 0 and DF, so its packets
+    /// are checked with all 32 bits. A foreign peer's kernel or NIC fills the
+    /// Identification, which a UDP socket cannot see, so its packets are accepted when
+    /// *some* Identification and DF make the ICRC match (15 of 32 bits of strength left;
+    /// see [`crate::wire::icrc`]); and packets to it are marked so that a runtime does not
+    /// batch them into GSO trains, whose segments would get IDs the ICRC did not cover.
+    pub fn set_foreign_peer(&mut self, foreign: bool) {
+        self.foreign_peer = foreign;
+    }
+
+    /// Whether the peer is foreign.
+    pub fn foreign_peer(&self) -> bool {
+        self.foreign_peer
     }
 
     /// Changes state and attributes, as `ibv_modify_qp`. On error nothing changes.
@@ -645,7 +668,15 @@ impl QueuePair {
         let mut tail = [0u8; 7];
         h.update(&tail[..pad]);
         tail[pad..pad + ICRC_LEN].copy_from_slice(&h.finish().to_le_bytes());
-        Ok(Transmit { dst, head_len: head.len(), payload, pd: self.cfg.pd, tail, tail_len: pad + ICRC_LEN })
+        Ok(Transmit {
+            dst,
+            head_len: head.len(),
+            payload,
+            pd: self.cfg.pd,
+            tail,
+            tail_len: pad + ICRC_LEN,
+            alone: self.foreign_peer,
+        })
     }
 
     /// Emits `repr` into `buf`, with `inline` bytes right after the headers.
