@@ -69,6 +69,12 @@ pub struct PingPongArgs {
     /// `softrdma relay` facing this process.
     #[arg(long)]
     pub via: Option<std::net::SocketAddr>,
+    /// Talk to the real `ibv_rc_pingpong` / `ibv_ud_pingpong` (on Linux rxe or a NIC): its
+    /// 52-byte `lid:qpn:psn:gid` exchange, its buffer contents (not checked), and a foreign
+    /// peer's ICRCs. The peer must use an IPv4-mapped GID (`-g` with that index) and port
+    /// 4791.
+    #[arg(long)]
+    pub ibv: bool,
 }
 
 type Failure = String;
@@ -123,6 +129,9 @@ fn exchange(
         }
     };
     stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+    if args.ibv {
+        return ibv_exchange(args, stream, mine, connect);
+    }
     let mut w = stream.try_clone().map_err(|e| e.to_string())?;
     let mut r = BufReader::new(stream);
     let mut text = String::new();
@@ -138,6 +147,52 @@ fn exchange(
         let theirs = parse(&text)?;
         connect(&theirs)?;
         w.write_all(line.as_bytes()).map_err(|e| e.to_string())?;
+        Ok(theirs)
+    }
+}
+
+/// `ibv_*_pingpong`'s exchange: `"%04x:%06x:%06x:%s"` (LID, QPN, PSN, the GID as 32 hex
+/// digits) in 52 bytes each way, the client first, then the client's `"done"`.
+fn ibv_exchange(
+    args: &PingPongArgs,
+    mut s: TcpStream,
+    mine: &EndpointInfo,
+    connect: impl FnOnce(&EndpointInfo) -> Result<(), Failure>,
+) -> Result<EndpointInfo, Failure> {
+    use std::io::Read;
+    let gid: String = softrdma::gid_of(mine.addr.ip()).iter().map(|b| format!("{b:02x}")).collect();
+    let mut msg = format!("{:04x}:{:06x}:{:06x}:{gid}", 0, mine.qpn, mine.psn).into_bytes();
+    msg.resize(52, 0);
+    let parse = |m: &[u8]| -> Result<EndpointInfo, Failure> {
+        let t = std::str::from_utf8(m.split(|&b| b == 0).next().unwrap_or(&[]))
+            .map_err(|_| "exchange not text")?;
+        let f: Vec<&str> = t.split(':').collect();
+        let hex = |x: &str| u32::from_str_radix(x, 16).map_err(|_| format!("bad field {x:?} in {t:?}"));
+        if f.len() != 4 || f[3].len() != 32 {
+            return Err(format!("malformed ibv_pingpong message {t:?}"));
+        }
+        let mut g = [0u8; 16];
+        for (k, b) in g.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&f[3][2 * k..2 * k + 2], 16).map_err(|_| format!("bad GID in {t:?}"))?;
+        }
+        let addr = std::net::SocketAddr::new(softrdma::addr_of_gid(g), softrdma_proto::wire::ROCEV2_PORT);
+        Ok(EndpointInfo { addr, qpn: hex(f[1])?, psn: hex(f[2])?, mtu: mine.mtu, region: None })
+    };
+    let mut got = [0u8; 52];
+    if args.host.is_some() {
+        s.write_all(&msg).map_err(|e| e.to_string())?;
+        s.read_exact(&mut got).map_err(|e| e.to_string())?;
+        let theirs = parse(&got)?;
+        connect(&theirs)?;
+        s.write_all(b"done\0").map_err(|e| e.to_string())?;
+        Ok(theirs)
+    } else {
+        s.read_exact(&mut got).map_err(|e| e.to_string())?;
+        let theirs = parse(&got)?;
+        connect(&theirs)?;
+        s.write_all(&msg).map_err(|e| e.to_string())?;
+        let mut done = [0u8; 5];
+        let _ = s.read_exact(&mut done);
         Ok(theirs)
     }
 }
@@ -225,7 +280,8 @@ fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
         let qp = if ud {
             prepared.ready()
         } else {
-            prepared.handshake(theirs, &ConnectOptions { mtu, ..ConnectOptions::default() })
+            let foreign_peer = args.ibv;
+            prepared.handshake(theirs, &ConnectOptions { mtu, foreign_peer, ..ConnectOptions::default() })
         };
         connected = Some(qp.map_err(|e| e.to_string())?);
         Ok(())
@@ -373,7 +429,9 @@ impl Run<'_> {
         }
         let mut got = vec![0u8; self.args.size];
         self.rx.read(k * self.slot + skip, &mut got).map_err(|e| e.to_string())?;
-        if let Some(bad) = (0..self.args.size).find(|&b| got[b] != pattern(i, side, b)) {
+        // The real ibv_*_pingpong sends whatever its buffer holds: nothing to check.
+        let check = !self.args.ibv;
+        if let Some(bad) = (0..self.args.size).filter(|_| check).find(|&b| got[b] != pattern(i, side, b)) {
             return Err(format!(
                 "message {i}: byte {bad} is {:#04x}, expected {:#04x}",
                 got[bad],
