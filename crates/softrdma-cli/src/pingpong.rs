@@ -278,7 +278,7 @@ fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
     let theirs = exchange(args, &mine, |theirs| {
         let theirs = &EndpointInfo { addr: args.via.unwrap_or(theirs.addr), ..*theirs };
         let qp = if ud {
-            prepared.ready()
+            prepared.ready().inspect(|q| q.set_foreign_peer(args.ibv))
         } else {
             let foreign_peer = args.ibv;
             prepared.handshake(theirs, &ConnectOptions { mtu, foreign_peer, ..ConnectOptions::default() })

@@ -405,7 +405,10 @@ impl QueuePair {
         self.ctx.shared.lock().endpoint.qp(self.qpn).map_or(QpState::Error, |q| q.state())
     }
 
-    fn set_foreign_peer(&self, foreign: bool) {
+    /// Marks the peers as foreign (Linux rxe, a RoCE NIC) or softrdma; see
+    /// [`ConnectOptions::foreign_peer`]. For UD QPs, which have no single peer, this is the
+    /// way to accept datagrams from foreign senders.
+    pub fn set_foreign_peer(&self, foreign: bool) {
         if let Some(qp) = self.ctx.shared.lock().endpoint.qp_mut(self.qpn) {
             qp.set_foreign_peer(foreign);
         }

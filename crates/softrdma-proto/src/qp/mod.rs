@@ -563,7 +563,10 @@ impl QueuePair {
         };
         let connected = self.cfg.qp_type != QpType::Ud;
         let state_ok = matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe);
-        if !transport_ok || !state_ok || (connected && self.remote != Some(src)) {
+        // Like rxe, a connected QP checks the peer's IP address, not its UDP port: rxe sends
+        // from a port of its own per QP (0xC000 | a hash), while replies go to 4791.
+        let from_peer = self.remote.is_some_and(|r| r.ip() == src.ip());
+        if !transport_ok || !state_ok || (connected && !from_peer) {
             self.stats.dropped += 1;
             return;
         }
