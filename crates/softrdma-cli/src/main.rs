@@ -75,6 +75,12 @@ enum Command {
 }
 
 fn main() {
+    // Like the C tools: a closed pipe (`softrdma decode x.pcap | head`) ends the process
+    // quietly instead of making every print panic.
+    // SAFETY: setting a signal's disposition to the default is always sound.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Decode(args) => decode::run(&args),

@@ -233,3 +233,20 @@ fn packets_cut_by_the_snap_length_are_malformed_not_skipped() {
     assert_eq!(summary(&o).0, "9 packets, 4 icrc-ok, 0 icrc-bad, 5 malformed");
     assert!(stdout(&o).contains("cut short by the capture"));
 }
+
+#[test]
+fn interop_captures_with_rxe_are_all_valid() {
+    // Both softrdma's packets (ID 0) and rxe's (kernel IDs) in runs against Linux rxe.
+    let files = pcaps("testdata/interop");
+    assert_eq!(files.len(), 4);
+    let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let o = decode(&refs, false);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(summary(&o).0, "1151 packets, 1151 icrc-ok, 0 icrc-bad, 0 malformed");
+    let out = stdout(&o);
+    assert!(out.contains("192.168.77.1:4791 > 192.168.77.11:4791 RC SEND_FIRST"), "softrdma's packets");
+    assert!(
+        out.contains("192.168.77.11:") && out.contains("> 192.168.77.1:4791 RC ACKNOWLEDGE"),
+        "rxe's ACKs"
+    );
+}
