@@ -73,3 +73,41 @@ fn json_sweeps_ud_and_events() {
     let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     assert!(v["iterations"].as_u64().unwrap() > 100);
 }
+
+#[test]
+fn several_queue_pairs_share_the_bandwidth_tests() {
+    for test in ["write_bw", "send_bw", "read_bw", "atomic_bw"] {
+        let out = run(&[test, "-q", "4", "-n", "300", "-s", "4096", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert_eq!(v["iterations"], 300, "{test}: each QP runs -n: {out}");
+        assert!(v["bw_average"].as_f64().unwrap() > 0.0, "{out}");
+        assert!(v["bw_peak"].as_f64().unwrap() >= v["bw_average"].as_f64().unwrap(), "{out}");
+    }
+    let out = run(&["send_bw", "-q", "3", "-n", "200"]);
+    assert!(out.contains(" Number of qps   : 3"), "{out}");
+    assert_eq!(out.matches(" local address: LID 0000 QPN ").count(), 3, "{out}");
+    assert_eq!(out.matches(" remote address: LID 0000 QPN ").count(), 3, "{out}");
+}
+
+#[test]
+fn ud_send_bw_ends_when_messages_outrun_the_receive_queue() {
+    // 3,000 messages against 64 posted receives: UD drops what finds none, and the server
+    // must still end when the client's results arrive.
+    let out = run(&["send_bw", "-c", "UD", "-s", "512", "-n", "3000", "-r", "64", "-q", "2"]);
+    let row = out.lines().find(|l| l.trim_start().starts_with("512 ")).unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(row.split_whitespace().nth(1), Some("3000"), "{row}");
+}
+
+#[test]
+fn bad_queue_pair_counts_are_refused() {
+    for (args, want) in [
+        (&["write_bw", "-q", "0"][..], "-q takes 1 to 64"),
+        (&["write_bw", "-q", "65"][..], "-q takes 1 to 64"),
+        (&["send_lat", "-q", "2"][..], "multiple queue pairs are for the bandwidth tests"),
+    ] {
+        let out = Command::new(BIN).arg("perf").args(args).arg("--local").output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
