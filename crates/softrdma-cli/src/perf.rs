@@ -192,7 +192,7 @@ pub fn run(args: &PerfArgs) -> i32 {
 
 fn perf(args: &PerfArgs) -> Result<(), Fail> {
     if args.qps == 0 || args.qps > MAX_QPS {
-        return Err(format!("-q takes 1 to {MAX_QPS} queue pairs").into());
+        return Err(format!("-q takes 1 to {MAX_QPS} queue pairs"));
     }
     if args.qps > 1 && !args.test.is_bw() {
         return Err("multiple queue pairs are for the bandwidth tests".into());
