@@ -134,6 +134,10 @@ pub struct PerfArgs {
     /// Connection type.
     #[arg(short = 'c', long, value_enum, default_value_t = Conn::Rc)]
     pub connection: Conn,
+    /// The peer is Linux rxe or a RoCE NIC running perftest, not softrdma: its ICRCs are
+    /// checked without the IPv4 Identification, and nothing goes to it in GSO trains.
+    #[arg(long)]
+    pub foreign: bool,
     /// Sleep on a completion channel instead of busy-polling.
     #[arg(short = 'e', long)]
     pub events: bool,
@@ -254,23 +258,23 @@ fn perf(args: &PerfArgs) -> Result<(), Fail> {
         if tty && sizes.len() > 1 {
             eprint!("\r[{}/{}] {} bytes ", k + 1, sizes.len(), size);
         }
-        barrier(&mut stream, s.client)?;
+        // perftest's barrier before each run: the first QP's message again.
+        swap(&mut stream, s.client, &s.key())?;
         let cpu0 = cpu_times();
         let t0 = Instant::now();
         let result = if s.client { s.run_client(size)? } else { s.run_server(size, &mut stream)? };
         let elapsed = t0.elapsed().as_secs_f64();
         let cpu = cpu_times().map(|c| (c.0 - cpu0.map_or(0.0, |z| z.0), c.1 - cpu0.map_or(0.0, |z| z.1)));
-        // The client's numbers are the results; it tells the server.
-        let result = if s.client {
-            let line = serde_json::to_string(&result).map_err(|e| e.to_string())? + "\n";
-            stream.write_all(line.as_bytes()).map_err(|e| e.to_string())?;
-            result
-        } else {
-            let line = read_line(&mut stream)?;
-            serde_json::from_str(&line).map_err(|e| format!("bad results from client: {e}"))?
-        };
-        print_result(args, size, &result, cpu.map(|(u, s)| (100.0 * u / elapsed, 100.0 * s / elapsed)));
+        // BW tests: the client's numbers are the results, and it tells the server the way
+        // perftest does. Latency tests: each side reports what it measured.
+        let result = if args.test.is_bw() { s.report(&mut stream, size, result)? } else { result };
+        if s.client || !result.lat.is_empty() || args.test.is_bw() {
+            print_result(args, size, &result, cpu.map(|(u, s)| (100.0 * u / elapsed, 100.0 * s / elapsed)));
+        }
     }
+    // perftest's goodbye: the message once more, then "done" from the server first.
+    swap(&mut stream, s.client, &s.key())?;
+    swap(&mut stream, !s.client, b"done\0")?;
     if tty && sizes.len() > 1 {
         eprintln!();
     }
@@ -358,6 +362,7 @@ fn clone_args(a: &PerfArgs) -> PerfArgs {
         port: a.port,
         qps: a.qps,
         connection: a.connection,
+        foreign: a.foreign,
         events: a.events,
         inline: a.inline,
         tx_depth: a.tx_depth,
@@ -595,17 +600,54 @@ impl<'a> Session<'a> {
                     qpn: softrdma::Qpn::new(remote.qpn),
                     qkey: QKEY,
                 });
-                prepared.ready()
+                prepared.ready().inspect(|q| q.set_foreign_peer(self.args.foreign))
             } else {
-                prepared.handshake(remote, &ConnectOptions { mtu, ..ConnectOptions::default() })
+                let foreign_peer = self.args.foreign;
+                prepared.handshake(remote, &ConnectOptions { mtu, foreign_peer, ..ConnectOptions::default() })
             }
             .map_err(|e| e.to_string())?;
             self.qps.push(qp);
         }
         self.remote = self.theirs.first().and_then(|t| t.region);
-        // perftest repeats the first message as a barrier once all QPs are ready.
-        swap(&mut s, self.client, &key_message(&self.mine[0]))?;
+        // perftest repeats the first message as a barrier once all QPs are ready, and once
+        // more in the latency tests.
+        swap(&mut s, self.client, &self.key())?;
+        if !self.args.test.is_bw() {
+            swap(&mut s, self.client, &self.key())?;
+        }
         Ok(s)
+    }
+
+    /// The message of our first QP, which perftest swaps as a barrier.
+    fn key(&self) -> Vec<u8> {
+        key_message(&self.mine[0])
+    }
+
+    /// perftest's BW report after each run: a barrier, then five 8-byte big-endian fields
+    /// (size, iterations, peak MiB/s, average MiB/s, message rate in Mpps), each sent by the
+    /// client and answered by the server. Returns the client's numbers on both sides.
+    fn report(&self, stream: &mut TcpStream, size: usize, m: Measured) -> Result<Measured, Fail> {
+        swap(stream, self.client, &self.key())?;
+        const MIB: f64 = 1_048_576.0;
+        let rate = if size == 0 { 0.0 } else { m.bw_avg / size as f64 / 1e6 };
+        let mine: [u64; 5] = if self.client {
+            [size as u64, m.iters, (m.bw_peak / MIB).to_bits(), (m.bw_avg / MIB).to_bits(), rate.to_bits()]
+        } else {
+            [0; 5]
+        };
+        let mut got = [0u64; 5];
+        for (g, v) in got.iter_mut().zip(mine) {
+            let b = swap(stream, self.client, &v.to_be_bytes())?;
+            *g = u64::from_be_bytes(b.try_into().map_err(|_| "short report")?);
+        }
+        if self.client {
+            return Ok(m);
+        }
+        if got[0] != size as u64 {
+            return Err(format!("the client reported size {}, expected {size}", got[0]));
+        }
+        let f = |bits: u64| f64::from_bits(bits) * MIB;
+        Ok(Measured { iters: got[1], bw_peak: f(got[2]), bw_avg: f(got[3]), lat: Vec::new() })
     }
 
     fn header(&self) {
@@ -852,18 +894,25 @@ impl<'a> Session<'a> {
     fn run_server(&mut self, size: usize, stream: &mut TcpStream) -> Result<Measured, Fail> {
         let iters = self.iters();
         match self.args.test {
+            // The server's latency is half the time between two arrivals (a round trip).
             Test::SendLat => {
+                let mut lat = Lap::default();
                 for i in 0..iters {
                     self.wait_kind(WcOpcode::Recv)?;
+                    lat.lap();
                     self.post_recv(0)?;
                     self.post(0, size, i, true)?;
                 }
+                return Ok(Measured { iters, lat: lat.0, ..Measured::default() });
             }
             Test::WriteLat => {
+                let mut lat = Lap::default();
                 for i in 0..iters {
                     self.wait_mark(size, i)?;
+                    lat.lap();
                     self.write_mark(size, i)?;
                 }
+                return Ok(Measured { iters, lat: lat.0, ..Measured::default() });
             }
             // RC delivers every message: count them (sleeping on the channel with -e).
             Test::SendBw if self.args.duration.is_none() && self.args.connection == Conn::Rc => {
@@ -900,6 +949,19 @@ impl<'a> Session<'a> {
             _ => {}
         }
         Ok(Measured::default())
+    }
+}
+
+/// Half-intervals between successive calls, in microseconds.
+#[derive(Default)]
+struct Lap(Vec<f64>, Option<Instant>);
+
+impl Lap {
+    fn lap(&mut self) {
+        let now = Instant::now();
+        if let Some(prev) = self.1.replace(now) {
+            self.0.push((now - prev).as_secs_f64() * 1e6 / 2.0);
+        }
     }
 }
 
@@ -955,22 +1017,6 @@ fn swap(s: &mut TcpStream, client: bool, msg: &[u8]) -> Result<Vec<u8>, Fail> {
         s.write_all(msg).map_err(|e| e.to_string())?;
     }
     Ok(got)
-}
-
-fn barrier(s: &mut TcpStream, client: bool) -> Result<(), Fail> {
-    swap(s, client, b"barrier\0").map(|_| ())
-}
-
-fn read_line(s: &mut TcpStream) -> Result<String, Fail> {
-    let mut line = Vec::new();
-    let mut b = [0u8];
-    loop {
-        s.read_exact(&mut b).map_err(|e| format!("results: {e}"))?;
-        if b[0] == b'\n' {
-            return String::from_utf8(line).map_err(|e| e.to_string());
-        }
-        line.push(b[0]);
-    }
 }
 
 /// perftest's RoCE QP message: `lid:out_reads:qpn:psn:rkey:vaddr:gid:srqn:` and a NUL, 108
