@@ -265,9 +265,11 @@ fn perf(args: &PerfArgs) -> Result<(), Fail> {
         let result = if s.client { s.run_client(size)? } else { s.run_server(size, &mut stream)? };
         let elapsed = t0.elapsed().as_secs_f64();
         let cpu = cpu_times().map(|c| (c.0 - cpu0.map_or(0.0, |z| z.0), c.1 - cpu0.map_or(0.0, |z| z.1)));
-        // BW tests: the client's numbers are the results, and it tells the server the way
-        // perftest does. Latency tests: each side reports what it measured.
-        let result = if args.test.is_bw() { s.report(&mut stream, size, result)? } else { result };
+        // One-sided BW tests: the client's numbers are the results, and it tells the server
+        // the way perftest does. send_bw and the latency tests: each side reports what it
+        // measured.
+        let one_sided_bw = args.test.is_bw() && !args.test.is_send();
+        let result = if one_sided_bw { s.report(&mut stream, size, result)? } else { result };
         if s.client || !result.lat.is_empty() || args.test.is_bw() {
             print_result(args, size, &result, cpu.map(|(u, s)| (100.0 * u / elapsed, 100.0 * s / elapsed)));
         }
@@ -508,7 +510,14 @@ impl<'a> Session<'a> {
             if let Some(m) = args.mtu {
                 e.mtu = e.mtu.min(m);
             }
-            e.region = Some(mr.remote());
+            // The peer's RDMA lands after our receive slots and local buffer; perftest, as
+            // peer, targets exactly what we advertise.
+            let r = mr.remote();
+            e.region = Some(RemoteRegion {
+                addr: r.addr + (buf * slots * nq + buf) as u64,
+                len: buf as u64,
+                rkey: r.rkey,
+            });
             prepared.push(p);
             mine.push(e);
         }
@@ -610,9 +619,9 @@ impl<'a> Session<'a> {
         }
         self.remote = self.theirs.first().and_then(|t| t.region);
         // perftest repeats the first message as a barrier once all QPs are ready, and once
-        // more in the latency tests.
+        // more except in the one-sided BW tests.
         swap(&mut s, self.client, &self.key())?;
-        if !self.args.test.is_bw() {
+        if self.args.test.is_send() || !self.args.test.is_bw() {
             swap(&mut s, self.client, &self.key())?;
         }
         Ok(s)
@@ -732,8 +741,8 @@ impl<'a> Session<'a> {
 
     fn op(&self, size: usize) -> SendOp {
         let r = self.remote.unwrap_or(RemoteRegion { addr: 0, len: 0, rkey: 0 });
-        // The peer's target area, apart from the buffer it sends from.
-        let (remote_addr, rkey) = (r.addr + (self.local + self.buf) as u64, Rkey(r.rkey));
+        // The target the peer advertised (for softrdma, apart from the buffer it sends from).
+        let (remote_addr, rkey) = (r.addr, Rkey(r.rkey));
         match self.args.test {
             Test::SendLat | Test::SendBw => SendOp::Send,
             Test::WriteLat | Test::WriteBw => SendOp::Write { remote_addr, rkey },
@@ -916,23 +925,26 @@ impl<'a> Session<'a> {
             }
             // RC delivers every message: count them (sleeping on the channel with -e).
             Test::SendBw if self.args.duration.is_none() && self.args.connection == Conn::Rc => {
-                let mut got = 0;
-                while got < iters * self.qps.len() as u64 {
+                let mut got = Received::default();
+                while got.n < iters * self.qps.len() as u64 {
                     let wc = self.wait()?;
                     if wc.opcode == WcOpcode::Recv {
-                        got += 1;
+                        got.one();
                         self.post_recv(self.lane(&wc)?)?;
                     }
                 }
+                return Ok(got.measured(size, self.qps.len()));
             }
             // A duration run, or UD, which drops what finds no receive posted: receive
             // until the client's results arrive.
             Test::SendBw => {
                 stream.set_nonblocking(true).map_err(|e| e.to_string())?;
                 let mut peek = [0u8; 1];
+                let mut got = Received::default();
                 loop {
                     if let Some(wc) = self.cq.poll_one() {
                         if wc.opcode == WcOpcode::Recv {
+                            got.one();
                             self.post_recv(self.lane(&wc)?)?;
                         }
                         continue;
@@ -944,11 +956,41 @@ impl<'a> Session<'a> {
                     }
                 }
                 stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+                return Ok(got.measured(size, self.qps.len()));
             }
             // One-sided tests: the server has nothing to do; its progress thread answers.
             _ => {}
         }
         Ok(Measured::default())
+    }
+}
+
+/// send_bw's server: messages received, and when.
+#[derive(Default)]
+struct Received {
+    n: u64,
+    start: Option<Instant>,
+    /// (count, seconds since the first) every 128 messages, for the peak.
+    marks: Vec<(u64, f64)>,
+    last: f64,
+}
+
+impl Received {
+    fn one(&mut self) {
+        let start = *self.start.get_or_insert_with(Instant::now);
+        self.n += 1;
+        self.last = start.elapsed().as_secs_f64();
+        if self.n % 128 == 0 {
+            self.marks.push((self.n, self.last));
+        }
+    }
+
+    /// Bandwidth from the first arrival to the last.
+    fn measured(&self, size: usize, qps: usize) -> Measured {
+        let t = self.last;
+        let avg = if t > 0.0 { (self.n * size as u64) as f64 / t } else { 0.0 };
+        let peak = peak(&self.marks, size).max(avg);
+        Measured { iters: self.n / qps.max(1) as u64, bw_avg: avg, bw_peak: peak, lat: Vec::new() }
     }
 }
 
@@ -1053,6 +1095,22 @@ fn parse_key_message(m: &[u8]) -> Result<(IpAddr, u32, u32, u32, u64), Fail> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bw_report_fields_are_perftests() {
+        // The five fields rxe's ib_write_bw client sent after its run of 100 x 64 bytes in
+        // testdata/rxe/write_bw_64.pcap (frames 226-234): size, iterations, then peak and
+        // average in MiB/s and the message rate in Mpps, as big-endian doubles.
+        let fields: [u64; 5] =
+            [0x40, 0x64, 0x3fc0_1117_9dd8_3cfc, 0x3fbf_e55b_80f1_519f, 0x3f60_b8ff_b930_e8d9];
+        let (peak, avg, rate) =
+            (f64::from_bits(fields[2]), f64::from_bits(fields[3]), f64::from_bits(fields[4]));
+        assert_eq!((fields[0], fields[1]), (64, 100));
+        assert!(peak >= avg);
+        // Average MiB/s and message rate describe the same run, which pins the units.
+        let from_rate = rate * 1e6 * 64.0 / 1_048_576.0;
+        assert!((from_rate - avg).abs() / avg < 0.01, "{from_rate} vs {avg}");
+    }
 
     #[test]
     fn key_message_matches_perftest_and_round_trips() {
