@@ -177,6 +177,8 @@ type Fail = String;
 
 /// Operations between signaled ones in BW tests (perftest's CQ moderation).
 const CQ_MOD: u64 = 100;
+/// The cycle buffer size of perftest's exchange.
+const CYCLE_BUFFER: usize = 4096;
 /// Most queue pairs one run opens (`-q`).
 const MAX_QPS: u32 = 64;
 const VERSION: &[u8; 16] = b"6.06\0\0\0\0\0\0\0\0\0\0\0\0";
@@ -274,9 +276,12 @@ fn perf(args: &PerfArgs) -> Result<(), Fail> {
             print_result(args, size, &result, cpu.map(|(u, s)| (100.0 * u / elapsed, 100.0 * s / elapsed)));
         }
     }
-    // perftest's goodbye: the message once more, then "done" from the server first.
-    swap(&mut stream, s.client, &s.key())?;
-    swap(&mut stream, !s.client, b"done\0")?;
+    // perftest's goodbye: the message once more, then "done" from the server first; its
+    // write_lat just closes the connection.
+    if args.test != Test::WriteLat {
+        swap(&mut stream, s.client, &s.key())?;
+        swap(&mut stream, !s.client, b"done\0")?;
+    }
     if tty && sizes.len() > 1 {
         eprintln!();
     }
@@ -419,8 +424,9 @@ fn print_result(args: &PerfArgs, size: usize, m: &Measured, cpu: Option<(f64, f6
                 .copied()
                 .unwrap_or(0.0)
         };
-        let avg = v.iter().sum::<f64>() / n;
-        let sd = (v.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n).sqrt();
+        // `+ 0.0`: an empty sum is -0.0, which would print as "-0.00".
+        let avg = v.iter().sum::<f64>() / n + 0.0;
+        let sd = (v.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n).sqrt() + 0.0;
         let (min, max, typ) =
             (v.first().copied().unwrap_or(0.0), v.last().copied().unwrap_or(0.0), pick(0.5));
         if args.json {
@@ -494,7 +500,10 @@ impl<'a> Session<'a> {
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
         // Receive slots of every QP, then the local buffer, then the target of the peer's
         // RDMA (which all QPs share).
-        let mr = pd.register(buf * slots * nq + 2 * buf, access).map_err(|e| e.to_string())?;
+        // The target is at least the 4096-byte cycle buffer we announce: perftest's small
+        // one-sided operations walk through that much of the peer's memory.
+        let target = buf.max(CYCLE_BUFFER);
+        let mr = pd.register(buf * slots * nq + buf + target, access).map_err(|e| e.to_string())?;
         let caps = QpCaps {
             max_send_wr: args.tx_depth.clamp(1, softrdma::MAX_QP_WR),
             max_recv_wr: args.rx_depth.clamp(1, softrdma::MAX_QP_WR),
@@ -515,7 +524,7 @@ impl<'a> Session<'a> {
             let r = mr.remote();
             e.region = Some(RemoteRegion {
                 addr: r.addr + (buf * slots * nq + buf) as u64,
-                len: buf as u64,
+                len: target as u64,
                 rkey: r.rkey,
             });
             prepared.push(p);
@@ -575,8 +584,11 @@ impl<'a> Session<'a> {
         let mut s = connect(args)?;
         let mtu_enum =
             [256u32, 512, 1024, 2048, 4096].iter().position(|&m| m == self.mine[0].mtu).map_or(3, |p| p + 1);
-        let mut msgs: Vec<Vec<u8>> =
-            vec![VERSION.to_vec(), 4096u32.to_be_bytes().to_vec(), 64u32.to_be_bytes().to_vec()];
+        let mut msgs: Vec<Vec<u8>> = vec![
+            VERSION.to_vec(),
+            (CYCLE_BUFFER as u32).to_be_bytes().to_vec(),
+            64u32.to_be_bytes().to_vec(),
+        ];
         msgs.push(vec![b'0' + mtu_enum as u8, 0]);
         let mut theirs_mtu = mtu_enum;
         for (i, m) in msgs.iter().enumerate() {
@@ -839,6 +851,7 @@ impl<'a> Session<'a> {
     fn client_lat(&mut self, size: usize) -> Result<Measured, Fail> {
         let iters = self.iters();
         let mut lat = Vec::with_capacity(iters as usize);
+        let mut write_laps = Lap::default();
         for i in 0..iters {
             let t = Instant::now();
             match self.args.test {
@@ -849,9 +862,10 @@ impl<'a> Session<'a> {
                     lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
                 }
                 Test::WriteLat => {
-                    self.write_mark(size, i)?;
+                    // As perftest: the server writes first, the client answers.
                     self.wait_mark(size, i)?;
-                    lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+                    write_laps.lap();
+                    self.write_mark(size, i)?;
                 }
                 _ => {
                     self.post(0, size, i, true)?;
@@ -859,6 +873,9 @@ impl<'a> Session<'a> {
                     lat.push(t.elapsed().as_secs_f64() * 1e6);
                 }
             }
+        }
+        if self.args.test == Test::WriteLat {
+            lat = write_laps.0;
         }
         Ok(Measured { iters, bw_avg: 0.0, bw_peak: 0.0, lat })
     }
@@ -917,9 +934,9 @@ impl<'a> Session<'a> {
             Test::WriteLat => {
                 let mut lat = Lap::default();
                 for i in 0..iters {
+                    self.write_mark(size, i)?;
                     self.wait_mark(size, i)?;
                     lat.lap();
-                    self.write_mark(size, i)?;
                 }
                 return Ok(Measured { iters, lat: lat.0, ..Measured::default() });
             }
