@@ -111,3 +111,69 @@ fn bad_queue_pair_counts_are_refused() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// Relays one TCP connection from `listener` to 127.0.0.1:`to`; returns the bytes sent
+/// (client to server, server to client).
+fn counting_proxy(listener: std::net::TcpListener, to: u16) -> std::thread::JoinHandle<(u64, u64)> {
+    use std::net::{Shutdown, TcpStream};
+    std::thread::spawn(move || {
+        let (client, _) = listener.accept().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let server = loop {
+            match TcpStream::connect(("127.0.0.1", to)) {
+                Ok(s) => break s,
+                Err(e) if std::time::Instant::now() > deadline => panic!("server: {e}"),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        };
+        let pipe = |mut from: TcpStream, mut to: TcpStream| {
+            std::thread::spawn(move || {
+                let n = std::io::copy(&mut from, &mut to).unwrap_or(0);
+                let _ = to.shutdown(Shutdown::Write);
+                n
+            })
+        };
+        let up = pipe(client.try_clone().unwrap(), server.try_clone().unwrap());
+        let down = pipe(server, client);
+        (up.join().unwrap(), down.join().unwrap())
+    })
+}
+
+#[test]
+fn the_tcp_exchange_has_perftests_shape() {
+    // Bytes each way in rxe's perftest runs (testdata/rxe/{write_bw,read_bw,send_bw,
+    // send_lat,read_lat,write_lat}_64.pcap, atomic_{lat,bw_fadd}.pcap): both directions
+    // carry the same amount, which depends only on the test.
+    let cases = [
+        ("write_bw", 611),
+        ("read_bw", 611),
+        ("atomic_bw", 611),
+        ("send_bw", 571),
+        ("send_lat", 571),
+        ("read_lat", 571),
+        ("atomic_lat", 571),
+        ("write_lat", 458),
+    ];
+    for (test, bytes) in cases {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let base = 40_000 + (std::process::id() % 10_000) as u16 + n * 3;
+        let listener = std::net::TcpListener::bind(("127.0.0.1", base + 2)).unwrap();
+        let proxy = counting_proxy(listener, base);
+        let udp = (base + 1).to_string();
+        let mut server = Command::new(BIN)
+            .args(["perf", test, "-d", "127.0.0.2", "-p", &base.to_string(), "-n", "50", "-s", "64"])
+            .env("SOFTRDMA_PORT", &udp)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = Command::new(BIN)
+            .args(["perf", test, "127.0.0.1", "-d", "127.0.0.3", "-p", &(base + 2).to_string()])
+            .args(["-n", "50", "-s", "64"])
+            .env("SOFTRDMA_PORT", &udp)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{test}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(server.wait().unwrap().success(), "{test}: server");
+        assert_eq!(proxy.join().unwrap(), (bytes, bytes), "{test}: bytes (client to server, back)");
+    }
+}
