@@ -850,32 +850,30 @@ impl<'a> Session<'a> {
 
     fn client_lat(&mut self, size: usize) -> Result<Measured, Fail> {
         let iters = self.iters();
+        if self.args.test == Test::WriteLat {
+            // As perftest: the server writes first and the client answers; a round trip is
+            // the time between two arrivals.
+            let mut laps = Lap::default();
+            for i in 0..iters {
+                self.wait_mark(size, i)?;
+                laps.lap();
+                self.write_mark(size, i)?;
+            }
+            return Ok(Measured { iters, lat: laps.0, ..Measured::default() });
+        }
         let mut lat = Vec::with_capacity(iters as usize);
-        let mut write_laps = Lap::default();
         for i in 0..iters {
             let t = Instant::now();
-            match self.args.test {
-                Test::SendLat => {
-                    self.post(0, size, i, true)?;
-                    self.wait_kind(WcOpcode::Recv)?;
-                    self.post_recv(0)?;
-                    lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
-                }
-                Test::WriteLat => {
-                    // As perftest: the server writes first, the client answers.
-                    self.wait_mark(size, i)?;
-                    write_laps.lap();
-                    self.write_mark(size, i)?;
-                }
-                _ => {
-                    self.post(0, size, i, true)?;
-                    self.wait()?;
-                    lat.push(t.elapsed().as_secs_f64() * 1e6);
-                }
+            if self.args.test == Test::SendLat {
+                self.post(0, size, i, true)?;
+                self.wait_kind(WcOpcode::Recv)?;
+                self.post_recv(0)?;
+                lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+            } else {
+                self.post(0, size, i, true)?;
+                self.wait()?;
+                lat.push(t.elapsed().as_secs_f64() * 1e6);
             }
-        }
-        if self.args.test == Test::WriteLat {
-            lat = write_laps.0;
         }
         Ok(Measured { iters, bw_avg: 0.0, bw_peak: 0.0, lat })
     }

@@ -70,6 +70,26 @@ pub enum MemKey {
     Remote(Rkey),
 }
 
+impl MemKey {
+    /// The right reading through this key takes: none for a local key (the owner reads
+    /// its own memory), REMOTE_READ for a remote one (the responder of an RDMA READ).
+    pub fn read_access(self) -> Access {
+        match self {
+            MemKey::Local(_) => Access::NONE,
+            MemKey::Remote(_) => Access::REMOTE_READ,
+        }
+    }
+
+    /// The right an atomic through this key takes: LOCAL_WRITE for a local key (the
+    /// requester stores the old value), REMOTE_ATOMIC for a remote one.
+    pub fn atomic_access(self) -> Access {
+        match self {
+            MemKey::Local(_) => Access::LOCAL_WRITE,
+            MemKey::Remote(_) => Access::REMOTE_ATOMIC,
+        }
+    }
+}
+
 /// Why an access was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum MemError {
@@ -105,6 +125,22 @@ pub enum AtomicOp {
         /// Addend.
         add: u64,
     },
+}
+
+impl AtomicOp {
+    /// The value the operation leaves where `old` was.
+    pub fn apply(self, old: u64) -> u64 {
+        match self {
+            AtomicOp::CompareSwap { compare, swap } => {
+                if old == compare {
+                    swap
+                } else {
+                    old
+                }
+            }
+            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+        }
+    }
 }
 
 /// A contiguous range of registered memory: what a packet's payload is gathered from or

@@ -145,10 +145,7 @@ impl MrInner {
                 raw
             }
         };
-        let r = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| match op {
-            AtomicOp::CompareSwap { compare, swap } => Some(if old == compare { swap } else { old }),
-            AtomicOp::FetchAdd { add } => Some(old.wrapping_add(add)),
-        });
+        let r = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| Some(op.apply(old)));
         match r {
             Ok(old) | Err(old) => old,
         }
@@ -277,16 +274,9 @@ impl Registry {
     /// The raw address and length of a segment, for a gather by the kernel. The pointer is
     /// valid while the registry lock is held.
     pub(crate) fn raw(&self, pd: PdId, seg: &Segment) -> Option<(*const u8, usize)> {
-        let access = gather_access(seg.key);
+        let access = seg.key.read_access();
         let (mr, off) = self.resolve(pd, seg.key, seg.addr, u64::from(seg.len), access).ok()?;
         Some((mr.ptr(off), seg.len as usize))
-    }
-}
-
-fn gather_access(key: MemKey) -> Access {
-    match key {
-        MemKey::Local(_) => Access::NONE,
-        MemKey::Remote(_) => Access::REMOTE_READ,
     }
 }
 
@@ -296,7 +286,7 @@ impl Memory for Registry {
     }
 
     fn gather(&self, pd: PdId, seg: &Segment, f: &mut dyn FnMut(&[u8])) -> Result<(), MemError> {
-        let (mr, off) = self.resolve(pd, seg.key, seg.addr, u64::from(seg.len), gather_access(seg.key))?;
+        let (mr, off) = self.resolve(pd, seg.key, seg.addr, u64::from(seg.len), seg.key.read_access())?;
         let mut chunk = [0u8; 4096];
         let mut done = 0usize;
         let len = seg.len as usize;
@@ -323,10 +313,7 @@ impl Memory for Registry {
     }
 
     fn atomic(&mut self, pd: PdId, key: MemKey, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
-        let access = match key {
-            MemKey::Local(_) => Access::LOCAL_WRITE,
-            MemKey::Remote(_) => Access::REMOTE_ATOMIC,
-        };
+        let access = key.atomic_access();
         self.lookup(pd, key, access)?;
         if addr % 8 != 0 {
             return Err(MemError::Misaligned);

@@ -211,12 +211,8 @@ impl Memory for SimMemory {
     /// Calls `f` once with the whole segment. A remote key needs REMOTE_READ (the responder
     /// of an RDMA READ); a local key needs no right.
     fn gather(&self, pd: PdId, seg: &Segment, f: &mut dyn FnMut(&[u8])) -> Result<(), MemError> {
-        let access = match seg.key {
-            MemKey::Local(_) => Access::NONE,
-            MemKey::Remote(_) => Access::REMOTE_READ,
-        };
         let len = u64::from(seg.len);
-        let (lkey, offset) = self.resolve(pd, seg.key, seg.addr, len, access)?;
+        let (lkey, offset) = self.resolve(pd, seg.key, seg.addr, len, seg.key.read_access())?;
         let bytes = &self.regions[&lkey].bytes;
         f(bytes.get(offset..offset + seg.len as usize).unwrap_or(&[]));
         Ok(())
@@ -241,10 +237,7 @@ impl Memory for SimMemory {
     /// Checks, in order: key, domain, rights (REMOTE_ATOMIC for a remote key, LOCAL_WRITE
     /// for a local one), 8-byte alignment, bounds.
     fn atomic(&mut self, pd: PdId, key: MemKey, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
-        let access = match key {
-            MemKey::Local(_) => Access::LOCAL_WRITE,
-            MemKey::Remote(_) => Access::REMOTE_ATOMIC,
-        };
+        let access = key.atomic_access();
         // Key, domain and rights first: a bad key must not leak alignment information.
         self.resolve(pd, key, addr, 0, access)?;
         if addr & 7 != 0 {
@@ -253,17 +246,7 @@ impl Memory for SimMemory {
         let (lkey, offset) = self.resolve(pd, key, addr, 8, access)?;
         let target = &mut self.region_mut(lkey).bytes[offset..offset + 8];
         let old = u64::from_ne_bytes(target.try_into().expect("8-byte range"));
-        let new = match op {
-            AtomicOp::CompareSwap { compare, swap } => {
-                if old == compare {
-                    swap
-                } else {
-                    old
-                }
-            }
-            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
-        };
-        target.copy_from_slice(&new.to_ne_bytes());
+        target.copy_from_slice(&op.apply(old).to_ne_bytes());
         self.writes.push((Lkey(lkey), addr, 8));
         Ok(old)
     }
