@@ -45,7 +45,7 @@ fn serve(args: &MemServerArgs) -> Result<(), String> {
     let mr = pd.register(args.size, access).map_err(|e| e.to_string())?;
     let pattern: Vec<u8> = (0..args.size).map(|k| (k % 251) as u8).collect();
     mr.write(0, &pattern).map_err(|e| e.to_string())?;
-    let prepared = pd.create_qp(&QpBuilder::rc().access(access), &cq, &cq).map_err(|e| e.to_string())?;
+    let prepared = pd.prepare_qp(&QpBuilder::rc().access(access), &cq, &cq).map_err(|e| e.to_string())?;
     let mine = EndpointInfo { region: Some(mr.remote()), ..prepared.endpoint() };
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string(&mine).map_err(|e| e.to_string())?)

@@ -514,7 +514,7 @@ impl<'a> Session<'a> {
         let mut prepared = Vec::with_capacity(nq);
         let mut mine = Vec::with_capacity(nq);
         for _ in 0..nq {
-            let p = pd.create_qp(&b, &cq, &cq).map_err(|e| e.to_string())?;
+            let p = pd.prepare_qp(&b, &cq, &cq).map_err(|e| e.to_string())?;
             let mut e = p.endpoint();
             if let Some(m) = args.mtu {
                 e.mtu = e.mtu.min(m);

@@ -265,7 +265,7 @@ fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
     let tx = pd.register(args.size.max(1), Access::NONE).map_err(|e| e.to_string())?;
     let caps = QpCaps { max_send_wr: 4, max_recv_wr: RX_DEPTH as u32, ..QpCaps::default() };
     let builder = if ud { QpBuilder::ud(QKEY) } else { QpBuilder::rc() }.caps(caps);
-    let prepared = pd.create_qp(&builder, &cq, &cq).map_err(|e| e.to_string())?;
+    let prepared = pd.prepare_qp(&builder, &cq, &cq).map_err(|e| e.to_string())?;
     for k in 0..RX_DEPTH {
         post_recv_slot(&rx, slot, k, &prepared)?;
     }

@@ -170,7 +170,7 @@ fn passive(args: &SoakArgs) -> Result<bool, String> {
     let recv = pd.register(slot * 2 * args.depth, Access::LOCAL_WRITE).map_err(|e| e.to_string())?;
     let caps = QpCaps { max_recv_wr: (2 * args.depth) as u32, ..QpCaps::default() };
     let prepared =
-        pd.create_qp(&QpBuilder::rc().access(access()).caps(caps), &cq, &cq).map_err(|e| e.to_string())?;
+        pd.prepare_qp(&QpBuilder::rc().access(access()).caps(caps), &cq, &cq).map_err(|e| e.to_string())?;
     for k in 0..2 * args.depth {
         prepared
             .post_recv(RecvWr {
@@ -281,7 +281,7 @@ fn active(args: &SoakArgs) -> Result<bool, String> {
     let cq = ctx.create_cq(4 * args.depth + 16, None).map_err(|e| e.to_string())?;
     let slot = args.max_size.max(8);
     let mr = pd.register(slot * args.depth, Access::LOCAL_WRITE).map_err(|e| e.to_string())?;
-    let prepared = pd.create_qp(&QpBuilder::rc(), &cq, &cq).map_err(|e| e.to_string())?;
+    let prepared = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).map_err(|e| e.to_string())?;
     let mine = prepared.endpoint();
 
     // The relay: A = the passive side, B = us.

@@ -103,7 +103,7 @@ fn one_sided_operations_against_a_passive_process() {
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(64, None).unwrap();
     let mr = pd.register(size, Access::LOCAL_WRITE).unwrap();
-    let prepared = pd.create_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
+    let prepared = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
     let mut stdin = server.stdin.take().unwrap();
     writeln!(stdin, "{}", serde_json::to_string(&prepared.endpoint()).unwrap()).unwrap();
     let qp = prepared.handshake(&theirs, &ConnectOptions::default()).unwrap();

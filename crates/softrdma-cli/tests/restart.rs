@@ -46,7 +46,7 @@ fn start(port: u16) -> Server {
 }
 
 fn connect(pd: &ProtectionDomain, cq: &CompletionQueue, s: &mut Server) -> QueuePair {
-    let p = pd.create_qp(&QpBuilder::rc(), cq, cq).unwrap();
+    let p = pd.prepare_qp(&QpBuilder::rc(), cq, cq).unwrap();
     writeln!(s.stdin.as_mut().unwrap(), "{}", serde_json::to_string(&p.endpoint()).unwrap()).unwrap();
     p.handshake(&s.info, &ConnectOptions { timeout: 12, retry_cnt: 3, ..ConnectOptions::default() }).unwrap()
 }
@@ -83,8 +83,8 @@ fn a_restarted_peer_does_not_confuse_the_survivor() {
     let opd = other.alloc_pd();
     let (cq_l, cq_o) = (survivor.create_cq(64, None).unwrap(), other.create_cq(64, None).unwrap());
     let (pl, po) = (
-        pd.create_qp(&QpBuilder::rc(), &cq_l, &cq_l).unwrap(),
-        opd.create_qp(&QpBuilder::rc(), &cq_o, &cq_o).unwrap(),
+        pd.prepare_qp(&QpBuilder::rc(), &cq_l, &cq_l).unwrap(),
+        opd.prepare_qp(&QpBuilder::rc(), &cq_o, &cq_o).unwrap(),
     );
     let (el, eo) = (pl.endpoint(), po.endpoint());
     let ql = pl.handshake(&eo, &ConnectOptions::default()).unwrap();

@@ -1,19 +1,29 @@
 //! An endpoint: the queue pairs behind one local address, as a device has them.
 //!
-//! It checks every datagram's ICRC, parses it, hands it to the QP it names and collects the
-//! QPs' packets to send, round robin. Like the QPs it owns no socket and reads no clock:
-//! the runtime (or the simulator) moves the datagrams and passes the time.
+//! It checks every datagram's ICRC and P_Key, parses it, hands it to the QP it names and
+//! collects the QPs' packets to send, round robin. Like the QPs it owns no socket and reads
+//! no clock: the runtime (or the simulator) moves the datagrams and passes the time.
+//!
+//! Every operation costs the same whatever the number of QPs: a QP that was touched (a
+//! packet for it, a work request posted through [`Endpoint::qp_mut`], a timer fired, a
+//! packet sent) is noted once; before the next query the endpoint re-arms its timer in a
+//! heap of deadlines, queues it for transmission if it has packets ready, and lists it for
+//! [`Endpoint::poll_completions`]. Idle QPs are never visited.
 //!
 //! ICRC policy: traffic between softrdma endpoints is checked exactly, for the canonical
 //! encapsulation softrdma sends (IPv4 Identification 0, DF; see [`crate::wire::icrc`]).
+//! P_Key policy (rxe's): the P_Key in a packet's BTH must match the device's P_Key table
+//! entry 0 (0xFFFF) — the low 15 bits equal and nonzero, one side a full member — or the
+//! packet is dropped and counted.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::memory::Memory;
 use crate::qp::{QpConfig, QueuePair, Srq, SrqId, Transmit};
-use crate::wire::{icrc, Packet};
+use crate::wire::{icrc, pkey_match, Packet, DEFAULT_PKEY};
 use crate::Qpn;
 
 /// The first QPN handed out; 0 and 1 are the special QPs, and rxe also starts at 16.
@@ -30,17 +40,40 @@ pub struct EndpointStats {
     pub malformed: u64,
     /// Packets for a QP that does not exist.
     pub unknown_qp: u64,
+    /// Packets whose P_Key does not match the P_Key table (dropped, as rxe does).
+    pub pkey_violations: u64,
+}
+
+/// A QP and the endpoint's bookkeeping for it.
+#[derive(Debug)]
+struct Slot {
+    qp: QueuePair,
+    /// Touched since the endpoint last settled it.
+    touched: bool,
+    /// In the transmit queue.
+    ready: bool,
+    /// In the list of QPs that may have completions.
+    pending: bool,
+    /// The deadline the heap holds for it (entries with another deadline are stale).
+    armed: Option<Duration>,
 }
 
 /// The QPs of one local address.
 #[derive(Debug)]
 pub struct Endpoint {
     local: SocketAddr,
-    qps: BTreeMap<u32, QueuePair>,
+    qps: BTreeMap<u32, Slot>,
     srqs: BTreeMap<u32, Srq>,
     next_qpn: u32,
-    /// Where the round robin of `poll_transmit` resumes.
-    cursor: u32,
+    pkeys: Vec<u16>,
+    /// QPs touched since the last settle.
+    touched: Vec<u32>,
+    /// QPs that may have packets to send, in round-robin order.
+    ready: VecDeque<u32>,
+    /// QPs that may have completions.
+    pending: Vec<u32>,
+    /// QP deadlines; an entry is live while it equals its slot's `armed`.
+    timers: BinaryHeap<Reverse<(Duration, u32)>>,
     stats: EndpointStats,
 }
 
@@ -52,7 +85,11 @@ impl Endpoint {
             qps: BTreeMap::new(),
             srqs: BTreeMap::new(),
             next_qpn: FIRST_QPN,
-            cursor: 0,
+            pkeys: vec![DEFAULT_PKEY],
+            touched: Vec::new(),
+            ready: VecDeque::new(),
+            pending: Vec::new(),
+            timers: BinaryHeap::new(),
             stats: EndpointStats::default(),
         }
     }
@@ -67,6 +104,16 @@ impl Endpoint {
         self.stats
     }
 
+    /// The P_Key table (index 0 is 0xFFFF, the default full-membership key).
+    pub fn pkey_table(&self) -> &[u16] {
+        &self.pkeys
+    }
+
+    /// Number of QPs.
+    pub fn qp_count(&self) -> usize {
+        self.qps.len()
+    }
+
     /// Creates a QP in RESET; `cfg.local` is replaced by the endpoint's address.
     pub fn create_qp(&mut self, mut cfg: QpConfig) -> Qpn {
         cfg.local = self.local;
@@ -76,7 +123,9 @@ impl Endpoint {
         }
         self.next_qpn = (n + 1) & crate::MASK_24;
         let qpn = Qpn::new(n);
-        self.qps.insert(n, QueuePair::new(qpn, cfg));
+        let slot =
+            Slot { qp: QueuePair::new(qpn, cfg), touched: false, ready: false, pending: false, armed: None };
+        self.qps.insert(n, slot);
         qpn
     }
 
@@ -92,30 +141,47 @@ impl Endpoint {
         self.srqs.get_mut(&id.0)
     }
 
+    /// Destroys a shared receive queue.
+    pub fn destroy_srq(&mut self, id: SrqId) -> Option<Srq> {
+        self.srqs.remove(&id.0)
+    }
+
     /// Destroys a QP; packets for it are dropped from now on.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Option<QueuePair> {
-        self.qps.remove(&qpn.get())
+        // Its queue entries and heap entries go stale and are skipped.
+        self.qps.remove(&qpn.get()).map(|s| s.qp)
     }
 
     /// A QP.
     pub fn qp(&self, qpn: Qpn) -> Option<&QueuePair> {
-        self.qps.get(&qpn.get())
+        self.qps.get(&qpn.get()).map(|s| &s.qp)
     }
 
-    /// A QP, mutably.
+    /// A QP, mutably. The QP counts as touched: before the next query the endpoint looks
+    /// at its timer, its packets and its completions.
     pub fn qp_mut(&mut self, qpn: Qpn) -> Option<&mut QueuePair> {
-        self.qps.get_mut(&qpn.get())
+        let slot = self.qps.get_mut(&qpn.get())?;
+        touch(&mut self.touched, qpn.get(), slot);
+        Some(&mut slot.qp)
     }
 
     /// All QPs.
     pub fn qps(&self) -> impl Iterator<Item = &QueuePair> {
-        self.qps.values()
+        self.qps.values().map(|s| &s.qp)
     }
 
-    /// Handles one datagram received from `src`.
-    pub fn handle_datagram(&mut self, now: Duration, src: SocketAddr, bytes: &[u8], mem: &mut dyn Memory) {
+    /// Handles one datagram received from `src` on local address `dst` (the device's
+    /// address, or another address its link receives on).
+    pub fn handle_datagram(
+        &mut self,
+        now: Duration,
+        src: SocketAddr,
+        dst: SocketAddr,
+        bytes: &[u8],
+        mem: &mut dyn Memory,
+    ) {
         self.stats.received += 1;
-        let Some(encap) = icrc::Encap::new(src, self.local) else {
+        let Some(encap) = icrc::Encap::new(src, dst) else {
             self.stats.malformed += 1;
             return;
         };
@@ -123,11 +189,12 @@ impl Endpoint {
             self.stats.malformed += 1;
             return;
         };
-        let qp = self.qps.get_mut(&pkt.bth().dest_qp().get());
+        let qpn = pkt.bth().dest_qp().get();
+        let slot = self.qps.get_mut(&qpn);
         if !icrc::verify(&encap, bytes) {
             // Only a QP whose peer is foreign accepts the ID-agnostic check.
-            let foreign = qp.as_ref().is_some_and(|q| q.foreign_peer());
-            let agnostic = match (src, self.local) {
+            let foreign = slot.as_ref().is_some_and(|s| s.qp.foreign_peer());
+            let agnostic = match (src, dst) {
                 (SocketAddr::V4(s), SocketAddr::V4(d)) if foreign => {
                     icrc::solve_ipv4_ident(s, d, bytes).is_some()
                 }
@@ -138,43 +205,116 @@ impl Endpoint {
                 return;
             }
         }
-        let Some(qp) = qp else {
+        let Some(slot) = slot else {
             self.stats.unknown_qp += 1;
             return;
         };
-        let srq = qp.srq().and_then(|id| self.srqs.get_mut(&id.0));
-        qp.handle_packet(now, src, &pkt, mem, srq);
+        if !pkey_match(pkt.bth().pkey(), self.pkeys[0]) {
+            self.stats.pkey_violations += 1;
+            return;
+        }
+        touch(&mut self.touched, qpn, slot);
+        let srq = slot.qp.srq().and_then(|id| self.srqs.get_mut(&id.0));
+        slot.qp.handle_packet(now, src, &pkt, mem, srq);
     }
 
-    /// The next packet any QP wants to send, taking QPs in turn.
-    pub fn poll_transmit(&mut self, now: Duration, buf: &mut [u8], mem: &dyn Memory) -> Option<Transmit> {
-        use std::ops::Bound::{Excluded, Included, Unbounded};
-        let start = self.cursor;
-        for bounds in [(Included(start), Unbounded), (Unbounded, Excluded(start))] {
-            for (k, qp) in self.qps.range_mut(bounds) {
-                if !qp.wants_transmit() {
-                    continue;
-                }
-                if let Some(t) = qp.poll_transmit(now, buf, mem) {
-                    self.cursor = k.wrapping_add(1);
-                    return Some(t);
+    /// Brings the bookkeeping of every touched QP up to date: its deadline in the heap, its
+    /// place in the transmit queue, its place in the completion list.
+    fn settle(&mut self) {
+        for qpn in self.touched.drain(..) {
+            let Some(slot) = self.qps.get_mut(&qpn) else { continue };
+            slot.touched = false;
+            let deadline = slot.qp.poll_timeout();
+            if deadline != slot.armed {
+                slot.armed = deadline;
+                if let Some(t) = deadline {
+                    self.timers.push(Reverse((t, qpn)));
                 }
             }
+            if !slot.ready && slot.qp.wants_transmit() {
+                slot.ready = true;
+                self.ready.push_back(qpn);
+            }
+            if !slot.pending {
+                slot.pending = true;
+                self.pending.push(qpn);
+            }
+        }
+        // Drop stale entries from the top, so that the earliest deadline is a live one.
+        while let Some(Reverse((t, qpn))) = self.timers.peek() {
+            match self.qps.get(qpn) {
+                Some(s) if s.armed == Some(*t) => break,
+                _ => {
+                    self.timers.pop();
+                }
+            }
+        }
+        // Stale entries deeper in the heap are few (one per re-arm until its time comes);
+        // rebuild when they outnumber the QPs.
+        if self.timers.len() > 64 && self.timers.len() > 4 * self.qps.len() {
+            let qps = &self.qps;
+            self.timers.retain(|Reverse((t, q))| qps.get(q).is_some_and(|s| s.armed == Some(*t)));
+        }
+    }
+
+    /// The next packet any QP wants to send, taking ready QPs in turn.
+    pub fn poll_transmit(&mut self, now: Duration, buf: &mut [u8], mem: &dyn Memory) -> Option<Transmit> {
+        self.settle();
+        while let Some(qpn) = self.ready.pop_front() {
+            let Some(slot) = self.qps.get_mut(&qpn) else { continue };
+            if let Some(t) = slot.qp.poll_transmit(now, buf, mem) {
+                // Sending arms timers and may complete WQEs (UD): settle it again later.
+                touch(&mut self.touched, qpn, slot);
+                self.ready.push_back(qpn);
+                return Some(t);
+            }
+            slot.ready = false;
         }
         None
     }
 
     /// The earliest deadline of any QP.
-    pub fn poll_timeout(&self) -> Option<Duration> {
-        self.qps.values().filter_map(QueuePair::poll_timeout).min()
+    pub fn poll_timeout(&mut self) -> Option<Duration> {
+        self.settle();
+        self.timers.peek().map(|Reverse((t, _))| *t)
     }
 
     /// Runs every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Duration) {
-        for qp in self.qps.values_mut() {
-            if qp.poll_timeout().is_some_and(|t| t <= now) {
-                qp.handle_timeout(now);
+        self.settle();
+        while let Some(&Reverse((t, qpn))) = self.timers.peek() {
+            if t > now {
+                break;
             }
+            self.timers.pop();
+            let Some(slot) = self.qps.get_mut(&qpn) else { continue };
+            if slot.armed != Some(t) {
+                continue;
+            }
+            slot.armed = None;
+            if slot.qp.poll_timeout().is_some_and(|d| d <= now) {
+                slot.qp.handle_timeout(now);
+            }
+            touch(&mut self.touched, qpn, slot);
         }
+        self.settle();
+    }
+
+    /// Calls `f` with each QP that may have completions since the last call (touched in
+    /// any way), so that the caller can move them to its completion queues.
+    pub fn poll_completions(&mut self, mut f: impl FnMut(&mut QueuePair)) {
+        self.settle();
+        for qpn in std::mem::take(&mut self.pending) {
+            let Some(slot) = self.qps.get_mut(&qpn) else { continue };
+            slot.pending = false;
+            f(&mut slot.qp);
+        }
+    }
+}
+
+fn touch(list: &mut Vec<u32>, qpn: u32, slot: &mut Slot) {
+    if !slot.touched {
+        slot.touched = true;
+        list.push(qpn);
     }
 }

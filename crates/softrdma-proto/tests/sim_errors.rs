@@ -346,7 +346,7 @@ fn foreign_peers_are_checked_without_the_ipv4_identification() {
         p.post_recv(1, 64);
         let bytes = packet(&p);
         let node = &mut p.sim.nodes[1];
-        node.endpoint.handle_datagram(p.sim.now, Sim::addr_of(0), &bytes, &mut node.mem);
+        node.endpoint.handle_datagram(p.sim.now, Sim::addr_of(0), Sim::addr_of(1), &bytes, &mut node.mem);
         let wc = node.endpoint.qp_mut(p.qb).unwrap().poll_recv_completion();
         if foreign {
             assert_eq!(wc.map(|w| (w.status, w.byte_len)), Some((WcStatus::Success, 5)));
@@ -354,11 +354,48 @@ fn foreign_peers_are_checked_without_the_ipv4_identification() {
             // One flipped bit is still caught.
             let mut bad = bytes.clone();
             bad[20] ^= 1;
-            node.endpoint.handle_datagram(p.sim.now, Sim::addr_of(0), &bad, &mut node.mem);
+            node.endpoint.handle_datagram(p.sim.now, Sim::addr_of(0), Sim::addr_of(1), &bad, &mut node.mem);
             assert_eq!(node.endpoint.stats().icrc_errors, 1);
         } else {
             assert!(wc.is_none(), "a softrdma peer's packets must match with ID 0: all 32 bits");
             assert_eq!(node.endpoint.stats().icrc_errors, 1);
         }
     }
+}
+
+/// rxe's P_Key rule: a packet's P_Key must match table entry 0 (0xFFFF) — equal low 15
+/// bits, one side a full member — or it is dropped and counted, reaching no QP.
+#[test]
+fn pkey_mismatch_is_dropped_and_counted() {
+    use softrdma_proto::sim::Sim;
+    use softrdma_proto::wire::{icrc, BthRepr, Opcode, PacketRepr};
+    let packet = |p: &Pair, pkey: u16, psn: u32| {
+        let mut bth = BthRepr::new(Opcode::new(0x04).unwrap(), p.qb, softrdma_proto::Psn::new(psn));
+        bth.ack_req = true;
+        bth.pkey = pkey;
+        let r = PacketRepr::new(bth, 5);
+        let encap = icrc::Encap::new(Sim::addr_of(0), Sim::addr_of(1)).unwrap();
+        let mut buf = vec![0u8; r.total_len()];
+        r.emit(&mut buf, b"hello", &encap).unwrap();
+        buf
+    };
+    let mut p = Pair::new(41, Impairments::default());
+    p.post_recv(1, 64);
+    p.post_recv(2, 64);
+    let recv = |p: &mut Pair, pkey, psn| {
+        let bytes = packet(p, pkey, psn);
+        let node = &mut p.sim.nodes[1];
+        node.endpoint.handle_datagram(p.sim.now, Sim::addr_of(0), Sim::addr_of(1), &bytes, &mut node.mem);
+        node.endpoint.qp_mut(p.qb).unwrap().poll_recv_completion()
+    };
+    // Another partition, a limited member of ours, and the invalid key 0.
+    for bad in [0x1234, 0x8001, 0x0000, 0x8000] {
+        assert!(recv(&mut p, bad, 0xFF_FF00).is_none(), "P_Key {bad:#x} must be dropped");
+    }
+    assert_eq!(p.sim.nodes[1].endpoint.stats().pkey_violations, 4);
+    assert_eq!(p.sim.nodes[1].endpoint.qp(p.qb).unwrap().stats().dropped, 0, "no QP saw them");
+    // A limited member of the default partition matches our full membership.
+    let wc = recv(&mut p, 0x7FFF, 0xFF_FF00);
+    assert_eq!(wc.map(|w| (w.status, w.byte_len)), Some((WcStatus::Success, 5)));
+    assert_eq!(p.sim.nodes[1].endpoint.stats().pkey_violations, 4);
 }

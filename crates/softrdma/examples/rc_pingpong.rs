@@ -28,7 +28,7 @@ fn side(
     let cq = ctx.create_cq(16, None).unwrap();
     let send_buf = pd.register(size, Access::NONE).unwrap();
     let recv_buf = pd.register(size, Access::LOCAL_WRITE).unwrap();
-    let prepared = pd.create_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
+    let prepared = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
     let post_recv =
         |qp: &dyn Fn(RecvWr)| qp(RecvWr { wr_id: 0, sg_list: vec![recv_buf.sge(0, size).unwrap()] });
     post_recv(&|wr| prepared.post_recv(wr).unwrap());

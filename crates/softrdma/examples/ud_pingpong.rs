@@ -30,7 +30,7 @@ fn side(
     let cq = ctx.create_cq(16, None).unwrap();
     let send_buf = pd.register(size, Access::NONE).unwrap();
     let recv_buf = pd.register(GRH + size, Access::LOCAL_WRITE).unwrap();
-    let qp = pd.create_qp(&QpBuilder::ud(QKEY), &cq, &cq).unwrap();
+    let qp = pd.prepare_qp(&QpBuilder::ud(QKEY), &cq, &cq).unwrap();
     let me = qp.endpoint();
     let qp = qp.ready().unwrap();
     let post_recv =

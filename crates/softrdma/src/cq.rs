@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use softrdma_proto::qp::WorkCompletion;
 
-use crate::context::ContextInner;
+use crate::device::{ContextInner, MAX_CQE};
+use crate::engine::CompletionSink;
 use crate::sys::{self, EventFd};
 use crate::{Error, Result};
 
@@ -30,6 +31,8 @@ const ARMED_SOLICITED: u8 = 2;
 #[derive(Debug)]
 pub(crate) struct CqShared {
     pub(crate) id: u32,
+    /// Itself, for the events that name it.
+    me: std::sync::Weak<CqShared>,
     q: Mutex<VecDeque<WorkCompletion>>,
     cap: usize,
     armed: AtomicU8,
@@ -39,10 +42,19 @@ pub(crate) struct CqShared {
     has_wakers: AtomicBool,
 }
 
+impl CompletionSink for CqShared {
+    fn push(&self, wc: WorkCompletion) -> bool {
+        self.push_wc(wc)
+    }
+    fn id(&self) -> u32 {
+        self.id
+    }
+}
+
 impl CqShared {
     /// Queues a completion; false if the CQ is now over its size (an overrun: the
     /// completion is kept, the caller raises the error).
-    pub(crate) fn push(self: &Arc<Self>, wc: WorkCompletion) -> bool {
+    fn push_wc(&self, wc: WorkCompletion) -> bool {
         let len = {
             let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
             q.push_back(wc);
@@ -52,8 +64,8 @@ impl CqShared {
         let fire =
             armed == ARMED_ANY || (armed == ARMED_SOLICITED && (wc.solicited || wc.status as u32 != 0));
         if fire && self.armed.swap(DISARMED, Ordering::AcqRel) != DISARMED {
-            if let Some(ch) = &self.channel {
-                ch.notify(self.clone());
+            if let (Some(ch), Some(me)) = (&self.channel, self.me.upgrade()) {
+                ch.notify(me);
             }
         }
         if self.has_wakers.swap(false, Ordering::AcqRel) {
@@ -90,7 +102,7 @@ impl CompletionQueue {
         cqe: usize,
         channel: Option<&CompletionChannel>,
     ) -> Result<Self> {
-        if cqe == 0 || cqe > crate::context::MAX_CQE {
+        if cqe == 0 || cqe > MAX_CQE {
             return Err(Error::InvalidArgument("CQ size must be 1 to max_cqe"));
         }
         if let Some(ch) = channel {
@@ -98,7 +110,8 @@ impl CompletionQueue {
                 return Err(Error::Mismatch);
             }
         }
-        let shared = Arc::new(CqShared {
+        let shared = Arc::new_cyclic(|me| CqShared {
+            me: me.clone(),
             id: NEXT_CQ.fetch_add(1, Ordering::Relaxed) as u32,
             q: Mutex::new(VecDeque::with_capacity(cqe)),
             cap: cqe,
@@ -127,7 +140,7 @@ impl CompletionQueue {
         if n > 0 || out.is_empty() {
             return n;
         }
-        self.ctx.shared.try_progress();
+        self.ctx.engine.try_progress();
         self.shared.pop_into(out)
     }
 
@@ -274,14 +287,15 @@ impl CompletionChannel {
             if left.is_zero() {
                 return Ok(None);
             }
-            self.ctx.shared.app_blocking();
+            self.ctx.engine.app_blocking();
             // Wait on the device socket too: when a packet arrives, this thread processes it
             // itself, which saves the hop through the progress thread on the way to the
             // event (the progress thread, woken as well, finds nothing left and sleeps).
-            let fds = [self.shared.efd.as_raw_fd(), self.ctx.shared.socket_fd()];
-            let ready = sys::wait_readable(fds, Some(left))?;
-            if ready[1] {
-                self.ctx.shared.try_progress_quiet();
+            let mut fds = vec![self.shared.efd.as_raw_fd()];
+            fds.extend_from_slice(self.ctx.engine.link_fds());
+            let ready = sys::wait_readable_any(&fds, Some(left))?;
+            if ready & !1 != 0 {
+                self.ctx.engine.try_progress_quiet();
             }
             self.shared.efd.drain();
         }

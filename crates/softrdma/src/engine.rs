@@ -1,5 +1,7 @@
-//! The progress engine of one opened device: the UDP socket, the sans-IO endpoint, the
-//! registry of memory, and the work that moves packets between them.
+//! The progress engine of one opened device: its link (UDP sockets, or an in-memory
+//! network), the sans-IO endpoint, the registry of memory, and the work that moves packets
+//! between them. The API objects (contexts, PDs, CQs, QPs) reach it only through the named
+//! operations of [`Engine`]; completions leave it through [`CompletionSink`]s.
 //!
 //! Who drives it:
 //! - the posting thread sends: `post_send` builds the packets and hands them to the kernel
@@ -12,23 +14,24 @@
 //!   never spins: idle, it blocks in `ppoll` with no timeout.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use softrdma_proto::endpoint::Endpoint;
-use softrdma_proto::qp::WorkCompletion;
+use softrdma_proto::endpoint::{Endpoint, EndpointStats};
+use softrdma_proto::memory::{Access, PdId};
+use softrdma_proto::qp::{QpAttr, QpConfig, QpState, QueuePair, RecvWr, SendWr, SrqId, WorkCompletion};
+use softrdma_proto::{Lkey, Qpn};
 
-use crate::cq::CqShared;
-use crate::memory::Registry;
-use crate::sys::{self, EventFd, OutMsg, RecvBatch};
+use crate::link::{Link, OutMsg, RX_BATCH};
+use crate::memory::{MrInner, Registry};
+use crate::sys::{self, EventFd};
+use crate::{Error, Result};
 
 /// Packets built per `sendmmsg` call (GSO trains count each of their packets).
 const BATCH: usize = 64;
-/// Datagrams (or GRO trains) per `recvmmsg` call.
-const RX_BATCH: usize = 32;
 /// Segments per GSO train, and its largest total size.
 const GSO_MAX_SEGS: usize = 64;
 const GSO_MAX_BYTES: usize = 65_000;
@@ -44,14 +47,22 @@ const MAX_SLEEP: Duration = Duration::from_millis(20);
 /// Empty CQ polls between two passes of the progress thread that mean an application
 /// thread is busy-polling, so the progress thread can leave the socket to it.
 const BUSY_POLLS: u64 = 16;
-/// Receive buffer per datagram: room for a whole GRO train.
-const RX_SLOT: usize = 65_536;
+
+/// Where the engine puts a QP's completions: a completion queue, as far as the engine
+/// knows nothing more.
+pub(crate) trait CompletionSink: Send + Sync + std::fmt::Debug {
+    /// Queues a completion; false if the sink is now over its size (an overrun: the
+    /// completion is kept, and the engine fails the QP).
+    fn push(&self, wc: WorkCompletion) -> bool;
+    /// The number events name the sink by.
+    fn id(&self) -> u32;
+}
 
 /// Where a QP's completions go.
 #[derive(Debug, Clone)]
-pub(crate) struct Route {
-    pub(crate) send_cq: Arc<CqShared>,
-    pub(crate) recv_cq: Arc<CqShared>,
+struct Route {
+    send: Arc<dyn CompletionSink>,
+    recv: Arc<dyn CompletionSink>,
 }
 
 /// Socket-level counters of a device.
@@ -101,26 +112,25 @@ pub enum AsyncEvent {
 
 /// Everything behind the engine lock.
 #[derive(Debug)]
-pub(crate) struct Core {
-    pub(crate) endpoint: Endpoint,
-    pub(crate) mem: Registry,
-    pub(crate) routes: HashMap<u32, Route>,
-    pub(crate) events: VecDeque<AsyncEvent>,
+struct Core {
+    endpoint: Endpoint,
+    mem: Registry,
+    routes: HashMap<u32, Route>,
+    events: VecDeque<AsyncEvent>,
+    link: Box<dyn Link>,
     slots: Vec<u8>,
-    rx: RecvBatch,
     out: Vec<OutMsg>,
 }
 
 /// One opened device, shared by all its objects and its progress thread.
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(crate) struct Engine {
     core: Mutex<Core>,
-    socket: UdpSocket,
+    /// The link's file descriptors, for threads that wait on arrivals.
+    link_fds: Vec<RawFd>,
     wake: EventFd,
-    pub(crate) local: SocketAddr,
+    local: SocketAddr,
     stop: AtomicBool,
-    /// Send multi-packet trains with UDP GSO (off after the kernel refuses one).
-    gso: AtomicBool,
     io: IoCounters,
     epoch: Instant,
     /// The deadline (ns since `epoch`) the progress thread is sleeping until; u64::MAX
@@ -129,38 +139,33 @@ pub(crate) struct Shared {
     /// CQ polls that found nothing since the progress thread last looked: many mean an
     /// application thread is busy-polling (and receiving itself).
     app_polls: AtomicU64,
-    /// The progress thread is napping off the socket.
+    /// The progress thread is napping off the link.
     napping: AtomicBool,
 }
 
-impl std::fmt::Debug for RecvBatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RecvBatch")
-    }
+fn ns(d: Duration) -> u64 {
+    d.as_nanos().min(u128::from(u64::MAX - 1)) as u64
 }
 
-impl Shared {
-    pub(crate) fn new(socket: UdpSocket, local: SocketAddr) -> std::io::Result<Shared> {
-        socket.set_nonblocking(true)?;
+impl Engine {
+    pub(crate) fn new(link: Box<dyn Link>) -> std::io::Result<Engine> {
+        let local = link.local();
+        let link_fds = link.fds();
         let core = Core {
             endpoint: Endpoint::new(local),
             mem: Registry::new(),
             routes: HashMap::new(),
             events: VecDeque::from([AsyncEvent::PortActive]),
+            link,
             slots: vec![0; BATCH * SLOT],
-            rx: RecvBatch::new(RX_BATCH, RX_SLOT),
             out: Vec::with_capacity(BATCH),
         };
-        if std::env::var_os("SOFTRDMA_NO_GRO").is_none() {
-            sys::enable_gro(socket.as_raw_fd());
-        }
-        Ok(Shared {
+        Ok(Engine {
             core: Mutex::new(core),
-            socket,
+            link_fds,
             wake: EventFd::new()?,
             local,
             stop: AtomicBool::new(false),
-            gso: AtomicBool::new(std::env::var_os("SOFTRDMA_NO_GSO").is_none()),
             io: IoCounters::default(),
             epoch: Instant::now(),
             sleeping_until: AtomicU64::new(u64::MAX),
@@ -169,16 +174,219 @@ impl Shared {
         })
     }
 
+    /// The device's address and port.
+    pub(crate) fn local(&self) -> SocketAddr {
+        self.local
+    }
+
     /// Protocol time: nanoseconds since the device was opened.
-    pub(crate) fn now(&self) -> Duration {
+    fn now(&self) -> Duration {
         self.epoch.elapsed()
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
+    fn lock(&self) -> MutexGuard<'_, Core> {
         // A panic while holding the lock leaves the protocol state as it was at that
         // point; carrying on is better than poisoning every verbs call after it.
         self.core.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    // ---- Queue pairs -------------------------------------------------------------------
+
+    /// Creates a QP in RESET whose completions go to `send` and `recv`.
+    pub(crate) fn create_qp(
+        &self,
+        cfg: QpConfig,
+        send: Arc<dyn CompletionSink>,
+        recv: Arc<dyn CompletionSink>,
+        max_qp: usize,
+    ) -> Result<Qpn> {
+        let mut core = self.lock();
+        if core.endpoint.qp_count() >= max_qp {
+            return Err(Error::Limit("max_qp"));
+        }
+        let qpn = core.endpoint.create_qp(cfg);
+        core.routes.insert(qpn.get(), Route { send, recv });
+        Ok(qpn)
+    }
+
+    /// Destroys a QP. Its outstanding work requests are flushed to its CQs first
+    /// (WR_FLUSH_ERR), so that their buffers can be reclaimed.
+    pub(crate) fn destroy_qp(&self, qpn: Qpn) {
+        let mut core = self.lock();
+        if let Some(qp) = core.endpoint.qp_mut(qpn) {
+            if qp.state() != QpState::Reset {
+                let _ = qp.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
+            }
+        }
+        Self::deliver(&mut core);
+        core.endpoint.destroy_qp(qpn);
+        core.routes.remove(&qpn.get());
+    }
+
+    /// Runs `f` on a QP (read-only queries: state, attributes, counters).
+    pub(crate) fn with_qp<R>(&self, qpn: Qpn, f: impl FnOnce(&QueuePair) -> R) -> Option<R> {
+        self.lock().endpoint.qp(qpn).map(f)
+    }
+
+    /// Posts send WRs with one pass of the engine, so that their packets leave in as few
+    /// system calls as possible. Stops at the first WR refused; returns how many were
+    /// posted, with the error.
+    pub(crate) fn post_send(
+        &self,
+        qpn: Qpn,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> std::result::Result<usize, (usize, Error)> {
+        let mut core = self.lock();
+        let Core { endpoint, mem, .. } = &mut *core;
+        let Some(qp) = endpoint.qp_mut(qpn) else {
+            return Err((0, Error::InvalidArgument("QP destroyed")));
+        };
+        let mut n = 0;
+        let mut failed = None;
+        for wr in wrs {
+            if let Err(e) = qp.post_send(wr, mem) {
+                failed = Some(e.into());
+                break;
+            }
+            n += 1;
+        }
+        self.flush(&mut core);
+        self.nudge(&mut core);
+        match failed {
+            None => Ok(n),
+            Some(e) => Err((n, e)),
+        }
+    }
+
+    /// Posts a receive WR.
+    pub(crate) fn post_recv(&self, qpn: Qpn, wr: RecvWr) -> Result<()> {
+        let mut core = self.lock();
+        let qp = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+        qp.post_recv(wr)?;
+        self.flush(&mut core);
+        Ok(())
+    }
+
+    /// Changes a QP's state and attributes (`ibv_modify_qp`); `prepare` runs on the QP
+    /// first, under the same lock (settings that are not attributes: foreign peer, UD MTU).
+    pub(crate) fn modify_qp(
+        &self,
+        qpn: Qpn,
+        attr: &QpAttr,
+        prepare: impl FnOnce(&mut QueuePair),
+    ) -> Result<()> {
+        let mut core = self.lock();
+        let qp = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+        prepare(qp);
+        qp.modify(attr)?;
+        self.flush(&mut core);
+        self.nudge(&mut core);
+        Ok(())
+    }
+
+    /// Marks a QP's peers as foreign or softrdma.
+    pub(crate) fn set_foreign_peer(&self, qpn: Qpn, foreign: bool) {
+        if let Some(qp) = self.lock().endpoint.qp_mut(qpn) {
+            qp.set_foreign_peer(foreign);
+        }
+    }
+
+    // ---- Shared receive queues ---------------------------------------------------------
+
+    pub(crate) fn create_srq(&self, max_wr: u32, max_sge: u32) -> SrqId {
+        self.lock().endpoint.create_srq(max_wr, max_sge)
+    }
+
+    pub(crate) fn destroy_srq(&self, id: SrqId) {
+        self.lock().endpoint.destroy_srq(id);
+    }
+
+    pub(crate) fn srq_post_recv(&self, id: SrqId, wr: RecvWr) -> Result<()> {
+        let mut core = self.lock();
+        let srq = core.endpoint.srq_mut(id).ok_or(Error::InvalidArgument("SRQ destroyed"))?;
+        srq.post_recv(wr)?;
+        Ok(())
+    }
+
+    pub(crate) fn srq_len(&self, id: SrqId) -> usize {
+        self.lock().endpoint.srq_mut(id).map_or(0, |s| s.len())
+    }
+
+    // ---- Memory ------------------------------------------------------------------------
+
+    /// Registers a new zeroed region.
+    pub(crate) fn register(
+        &self,
+        pd: PdId,
+        len: usize,
+        access: Access,
+        max_mr: usize,
+    ) -> Result<Arc<MrInner>> {
+        let mut core = self.lock();
+        if core.mem.len() >= max_mr {
+            return Err(Error::Limit("max_mr"));
+        }
+        Ok(core.mem.register(pd, len, access))
+    }
+
+    /// Registers a caller's range.
+    ///
+    /// # Safety
+    ///
+    /// As [`crate::ProtectionDomain::register_raw`].
+    pub(crate) unsafe fn register_raw(
+        &self,
+        pd: PdId,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        max_mr: usize,
+    ) -> Result<Arc<MrInner>> {
+        let mut core = self.lock();
+        if core.mem.len() >= max_mr {
+            return Err(Error::Limit("max_mr"));
+        }
+        // SAFETY: forwarded from this function's contract.
+        Ok(unsafe { core.mem.register_raw(pd, ptr, len, access) })
+    }
+
+    /// Deregisters a region at once: the engine can no longer reach it when this returns.
+    pub(crate) fn deregister(&self, lkey: Lkey) {
+        self.lock().mem.deregister(lkey);
+    }
+
+    pub(crate) fn mr_count(&self) -> usize {
+        self.lock().mem.len()
+    }
+
+    // ---- Device ------------------------------------------------------------------------
+
+    pub(crate) fn pop_async_event(&self) -> Option<AsyncEvent> {
+        self.lock().events.pop_front()
+    }
+
+    pub(crate) fn endpoint_stats(&self) -> EndpointStats {
+        self.lock().endpoint.stats()
+    }
+
+    pub(crate) fn pkey_table(&self) -> Vec<u16> {
+        self.lock().endpoint.pkey_table().to_vec()
+    }
+
+    pub(crate) fn io_stats(&self) -> IoStats {
+        let c = &self.io;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        IoStats {
+            send_calls: g(&c.send_calls),
+            packets_sent: g(&c.packets_sent),
+            gso_trains: g(&c.gso_trains),
+            recv_calls: g(&c.recv_calls),
+            packets_received: g(&c.packets_received),
+            gro_trains: g(&c.gro_trains),
+        }
+    }
+
+    // ---- Progress ----------------------------------------------------------------------
 
     /// Runs one pass if the engine is free; returns whether it ran. Called by threads
     /// polling a CQ, which also tells the progress thread that someone is busy-polling.
@@ -206,30 +414,18 @@ impl Shared {
 
     /// Receives what is waiting, runs due timers, sends what is ready and delivers
     /// completions. Never blocks.
-    pub(crate) fn progress(&self, core: &mut Core) {
-        let fd = self.socket.as_raw_fd();
+    fn progress(&self, core: &mut Core) {
         let now = self.now();
         for _ in 0..8 {
-            let Core { endpoint, mem, rx, .. } = &mut *core;
-            let n = rx.recv(fd);
-            if n > 0 {
+            let Core { endpoint, mem, link, .. } = &mut *core;
+            let got =
+                link.recv(&mut |meta, bytes| endpoint.handle_datagram(now, meta.src, meta.dst, bytes, mem));
+            if got.datagrams > 0 {
                 self.io.recv_calls.fetch_add(1, Ordering::Relaxed);
+                self.io.packets_received.fetch_add(got.packets, Ordering::Relaxed);
+                self.io.gro_trains.fetch_add(got.trains, Ordering::Relaxed);
             }
-            for i in 0..n {
-                if let Some((src, segments)) = rx.get(i) {
-                    let src = sys::canonical(src);
-                    let mut k = 0;
-                    for bytes in segments {
-                        endpoint.handle_datagram(now, src, bytes, mem);
-                        k += 1;
-                    }
-                    self.io.packets_received.fetch_add(k, Ordering::Relaxed);
-                    if k > 1 {
-                        self.io.gro_trains.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-            if n < RX_BATCH {
+            if got.datagrams < RX_BATCH {
                 break;
             }
         }
@@ -240,13 +436,13 @@ impl Shared {
     }
 
     /// Sends every packet the QPs have ready, then delivers completions. Consecutive
-    /// packets of one size to one destination go as a GSO train when the kernel allows.
-    pub(crate) fn flush(&self, core: &mut Core) {
-        let fd = self.socket.as_raw_fd();
+    /// packets of one size to one destination go as a GSO train when the link allows.
+    fn flush(&self, core: &mut Core) {
         let now = self.now();
-        let gso = self.gso.load(Ordering::Relaxed);
+        let local = self.local;
         loop {
-            let Core { endpoint, mem, slots, out: msgs, .. } = &mut *core;
+            let Core { endpoint, mem, slots, out: msgs, link, .. } = &mut *core;
+            let gso = link.gso();
             msgs.clear();
             // (destination, segment size, segments, bytes, still open) of the last message.
             let mut train: Option<(SocketAddr, usize, usize, usize, bool)> = None;
@@ -260,7 +456,7 @@ impl Shared {
                     && matches!(train, Some((dst, size, segs, bytes, true))
                         if dst == t.dst && len <= size && segs < GSO_MAX_SEGS && bytes + len <= GSO_MAX_BYTES);
                 if !joins {
-                    msgs.push(OutMsg::new(t.dst));
+                    msgs.push(OutMsg::new(local, t.dst, 0));
                     train = Some((t.dst, len, 0, 0, !t.alone));
                 }
                 let (Some(msg), Some(tr)) = (msgs.last_mut(), train.as_mut()) else { break };
@@ -296,83 +492,70 @@ impl Shared {
             if msgs.is_empty() {
                 break;
             }
+            let trains = msgs.iter().filter(|m| m.gso.is_some()).count() as u64;
             // SAFETY: every iovec points into `slots` or into a registered region resolved
             // under the engine lock we hold, which keeps both alive through the call.
-            let trains = msgs.iter().filter(|m| m.gso.is_some()).count() as u64;
-            let sent = unsafe { sys::send_batch(fd, msgs) };
+            let sent = unsafe { link.send(msgs) };
             if sent.gso_refused {
-                self.gso.store(false, Ordering::Relaxed);
+                link.disable_gso();
             }
             self.io.send_calls.fetch_add(1, Ordering::Relaxed);
             self.io.gso_trains.fetch_add(trains, Ordering::Relaxed);
         }
-        self.deliver(core);
+        Self::deliver(core);
     }
 
-    /// Moves completions from the QPs to their CQs.
-    fn deliver(&self, core: &mut Core) {
-        let Core { endpoint, routes, events, .. } = core;
-        let mut overrun = Vec::new();
-        for (qpn, route) in routes.iter() {
-            let Some(qp) = endpoint.qp_mut(softrdma_proto::Qpn::new(*qpn)) else { continue };
-            let mut push = |cq: &Arc<CqShared>, wc: WorkCompletion| {
-                if !cq.push(wc) {
-                    overrun.push((*qpn, cq.id));
+    /// Moves completions from the QPs that have some to their sinks.
+    fn deliver(core: &mut Core) {
+        let mut overrun: Vec<(Qpn, u32)> = Vec::new();
+        for round in 0..2 {
+            let Core { endpoint, routes, .. } = &mut *core;
+            endpoint.poll_completions(|qp| {
+                let Some(route) = routes.get(&qp.qpn().get()) else { return };
+                while let Some(wc) = qp.poll_send_completion() {
+                    if !route.send.push(wc) && round == 0 {
+                        overrun.push((qp.qpn(), route.send.id()));
+                    }
                 }
-            };
-            while let Some(wc) = qp.poll_send_completion() {
-                push(&route.send_cq, wc);
+                while let Some(wc) = qp.poll_recv_completion() {
+                    if !route.recv.push(wc) && round == 0 {
+                        overrun.push((qp.qpn(), route.recv.id()));
+                    }
+                }
+            });
+            if overrun.is_empty() {
+                return;
             }
-            while let Some(wc) = qp.poll_recv_completion() {
-                push(&route.recv_cq, wc);
+            for (qpn, cq) in overrun.drain(..) {
+                // Verbs semantics: an overrun CQ is an error; its QP fails. Nothing is
+                // lost: the completions stay queued beyond the CQ's size.
+                if !core.events.contains(&AsyncEvent::CqError { cq }) {
+                    core.events.push_back(AsyncEvent::CqError { cq });
+                }
+                if let Some(qp) = core.endpoint.qp_mut(qpn) {
+                    let _ = qp.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
+                }
             }
-        }
-        for (qpn, cq) in overrun {
-            // Verbs semantics: an overrun CQ is an error; its QP fails. Nothing is lost:
-            // the completions stay queued beyond the CQ's size.
-            if !events.contains(&AsyncEvent::CqError { cq }) {
-                events.push_back(AsyncEvent::CqError { cq });
-            }
-            if let Some(qp) = endpoint.qp_mut(softrdma_proto::Qpn::new(qpn)) {
-                let attr = softrdma_proto::qp::QpAttr {
-                    state: Some(softrdma_proto::qp::QpState::Error),
-                    ..Default::default()
-                };
-                let _ = qp.modify(&attr);
-            }
+            // The second round delivers the flushes of the QPs just failed.
         }
     }
 
     /// Wakes the progress thread if the protocol now wants attention earlier than it
     /// planned to wake up.
-    pub(crate) fn nudge(&self, core: &Core) {
+    fn nudge(&self, core: &mut Core) {
         let Some(deadline) = core.endpoint.poll_timeout() else { return };
-        let ns = deadline.as_nanos().min(u128::from(u64::MAX - 1)) as u64;
-        if ns < self.sleeping_until.load(Ordering::Acquire) {
+        if ns(deadline) < self.sleeping_until.load(Ordering::Acquire) {
             self.wake.signal();
         }
     }
 
-    pub(crate) fn io_stats(&self) -> IoStats {
-        let c = &self.io;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        IoStats {
-            send_calls: g(&c.send_calls),
-            packets_sent: g(&c.packets_sent),
-            gso_trains: g(&c.gso_trains),
-            recv_calls: g(&c.recv_calls),
-            packets_received: g(&c.packets_received),
-            gro_trains: g(&c.gro_trains),
-        }
-    }
-
-    /// The device socket, for threads that wait on it themselves.
-    pub(crate) fn socket_fd(&self) -> std::os::fd::RawFd {
-        self.socket.as_raw_fd()
+    /// The link's file descriptors, for threads that wait for arrivals themselves.
+    pub(crate) fn link_fds(&self) -> &[RawFd] {
+        &self.link_fds
     }
 
     /// An application thread is about to block (on a completion channel): the progress
-    /// thread must watch the socket again, at once.
+    /// thread must watch the link again, at once.
     pub(crate) fn app_blocking(&self) {
         self.app_polls.store(0, Ordering::Relaxed);
         if self.napping.load(Ordering::Acquire) {
@@ -388,23 +571,28 @@ impl Shared {
     /// The progress thread's loop.
     ///
     /// While an application thread is busy-polling a CQ it receives the packets itself;
-    /// the progress thread then stays off the socket (waking every millisecond to check)
+    /// the progress thread then stays off the link (waking every millisecond to check)
     /// instead of waking for every packet and competing for the CPU and the engine lock.
     pub(crate) fn run(self: Arc<Self>) {
-        let fds = [self.socket.as_raw_fd(), self.wake.as_raw_fd()];
+        let mut fds = self.link_fds.clone();
+        fds.push(self.wake.as_raw_fd());
         while !self.stop.load(Ordering::Acquire) {
             let timeout = {
                 let mut core = self.lock();
                 self.progress(&mut core);
                 let next = core.endpoint.poll_timeout();
-                let ns = next.map_or(u64::MAX, |t| t.as_nanos().min(u128::from(u64::MAX - 1)) as u64);
-                self.sleeping_until.store(ns, Ordering::Release);
-                next.map(|t| t.saturating_sub(self.now()))
+                self.sleeping_until.store(next.map_or(u64::MAX, ns), Ordering::Release);
+                let link_wake = core.link.next_wake();
+                let proto = next.map(|t| t.saturating_sub(self.now()));
+                match (proto, link_wake) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
             };
-            let now = self.now().as_nanos() as u64;
+            let now = ns(self.now());
             if self.app_polls.swap(0, Ordering::Relaxed) >= BUSY_POLLS {
                 let nap = Duration::from_millis(1).min(timeout.unwrap_or(Duration::MAX));
-                self.sleeping_until.fetch_min(now + nap.as_nanos() as u64, Ordering::AcqRel);
+                self.sleeping_until.fetch_min(now + ns(nap), Ordering::AcqRel);
                 self.napping.store(true, Ordering::Release);
                 let _ = sys::wait_readable([self.wake.as_raw_fd()], Some(nap));
                 self.napping.store(false, Ordering::Release);
@@ -412,8 +600,8 @@ impl Shared {
                 // Never sleep longer than MAX_SLEEP, so that a timer armed later without a
                 // nudge (a far one) still fires on time.
                 let cap = timeout.unwrap_or(MAX_SLEEP).min(MAX_SLEEP);
-                self.sleeping_until.fetch_min(now + cap.as_nanos() as u64, Ordering::AcqRel);
-                let _ = sys::wait_readable(fds, Some(cap));
+                self.sleeping_until.fetch_min(now + ns(cap), Ordering::AcqRel);
+                let _ = sys::wait_readable_any(&fds, Some(cap));
             }
             self.wake.drain();
         }

@@ -29,6 +29,9 @@ pub enum Error {
     /// An argument is out of range or inconsistent.
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
+    /// An access flag verbs defines that softrdma does not implement.
+    #[error("access flag {0} is not supported by softrdma")]
+    UnsupportedAccess(&'static str),
     /// A device limit would be exceeded.
     #[error("device limit reached: {0}")]
     Limit(&'static str),
@@ -53,6 +56,7 @@ impl Error {
             Error::AddressInUse { .. } => libc::EADDRINUSE,
             Error::NoSuchDevice(_) | Error::UnknownDevice(_) => libc::ENODEV,
             Error::InvalidArgument(_) | Error::Modify(_) | Error::Mismatch => libc::EINVAL,
+            Error::UnsupportedAccess(_) => libc::EOPNOTSUPP,
             Error::Limit(_) => libc::ENOMEM,
             Error::Post(PostError::QueueFull) => libc::ENOMEM,
             Error::Post(_) => libc::EINVAL,

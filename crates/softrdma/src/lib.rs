@@ -13,7 +13,7 @@
 //! let pd = ctx.alloc_pd();
 //! let mr = pd.register(4096, Access::LOCAL_WRITE)?;
 //! let cq = ctx.create_cq(64, None)?;
-//! let prepared = pd.create_qp(&QpBuilder::rc(), &cq, &cq)?;
+//! let prepared = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq)?;
 //! let remote = exchange(prepared.endpoint());
 //! let qp = prepared.handshake(&remote, &ConnectOptions::default())?;
 //! qp.post_send(SendWr {
@@ -31,26 +31,32 @@
 
 mod context;
 mod cq;
+mod device;
 mod engine;
 mod error;
+mod link;
 mod memory;
 mod pd;
 mod qp;
 mod sys;
 
-pub use context::{
-    addr_of_gid, default_port, devices, find_device, gid_of, Context, Device, DeviceAttr, MAX_CQE,
+pub use context::Context;
+pub use cq::{CompletionChannel, CompletionQueue, NextCompletion, EMPTY_WC};
+pub use device::{
+    addr_of_gid, default_port, devices, find_device, gid_of, Device, DeviceAttr, PortAttr, MAX_CQE,
     MAX_INLINE, MAX_MR, MAX_QP, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE, PORT_ENV,
 };
-pub use cq::{CompletionChannel, CompletionQueue, NextCompletion, EMPTY_WC};
 pub use engine::{AsyncEvent, IoStats};
 pub use error::{Error, Result};
+pub use link::MemoryNetwork;
 pub use pd::{MemoryRegion, ProtectionDomain, RemoteRegion};
-pub use qp::{ConnectOptions, EndpointInfo, PreparedQp, QpBuilder, QueuePair, SharedReceiveQueue};
+pub use qp::{
+    ConnectOptions, EndpointInfo, PreparedQp, QpBuilder, QpInitAttr, QueuePair, SharedReceiveQueue,
+};
 pub use softrdma_proto as proto;
 pub use softrdma_proto::memory::Access;
 pub use softrdma_proto::qp::{
-    Mtu, QpAttr, QpCaps, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus,
-    WorkCompletion,
+    Mtu, QpAttr, QpAttrMask, QpCaps, QpState, QpStats, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
+    UdDest, WcOpcode, WcStatus, WorkCompletion,
 };
 pub use softrdma_proto::{Lkey, Psn, Qkey, Qpn, Rkey};

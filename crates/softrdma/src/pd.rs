@@ -6,7 +6,7 @@ use softrdma_proto::memory::{Access, PdId};
 use softrdma_proto::qp::Sge;
 use softrdma_proto::{Lkey, Rkey};
 
-use crate::context::{ContextInner, MAX_MR};
+use crate::device::{ContextInner, MAX_MR};
 use crate::memory::MrInner;
 use crate::{Error, Result};
 
@@ -26,12 +26,8 @@ impl ProtectionDomain {
     ///
     /// REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE, as with `ibv_reg_mr`.
     pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion> {
-        check_access(access)?;
-        let mut core = self.ctx.shared.lock();
-        if core.mem.len() >= MAX_MR as usize {
-            return Err(Error::Limit("max_mr"));
-        }
-        let inner = core.mem.register(self.id, len, access);
+        let access = check_access(access)?;
+        let inner = self.ctx.engine.register(self.id, len, access, MAX_MR as usize)?;
         Ok(MemoryRegion { inner, pd: self.clone() })
     }
 
@@ -45,16 +41,12 @@ impl ProtectionDomain {
     /// it is registered (the network may write it at any time the access flags allow; use
     /// raw pointers or volatile accesses). Dropping the region ends the registration.
     pub unsafe fn register_raw(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
-        check_access(access)?;
+        let access = check_access(access)?;
         if ptr.is_null() && len > 0 {
             return Err(Error::InvalidArgument("null address"));
         }
-        let mut core = self.ctx.shared.lock();
-        if core.mem.len() >= MAX_MR as usize {
-            return Err(Error::Limit("max_mr"));
-        }
         // SAFETY: forwarded from this function's contract.
-        let inner = unsafe { core.mem.register_raw(self.id, ptr, len, access) };
+        let inner = unsafe { self.ctx.engine.register_raw(self.id, ptr, len, access, MAX_MR as usize)? };
         Ok(MemoryRegion { inner, pd: self.clone() })
     }
 
@@ -66,15 +58,64 @@ impl ProtectionDomain {
     }
 }
 
-fn check_access(access: Access) -> Result<()> {
+/// Every `ibv_access_flags` bit rdma-core 44 defines, with what softrdma does with it.
+const ACCESS_FLAGS: [(u32, &str, AccessSupport); 11] = [
+    (1 << 0, "IBV_ACCESS_LOCAL_WRITE", AccessSupport::Honoured),
+    (1 << 1, "IBV_ACCESS_REMOTE_WRITE", AccessSupport::Honoured),
+    (1 << 2, "IBV_ACCESS_REMOTE_READ", AccessSupport::Honoured),
+    (1 << 3, "IBV_ACCESS_REMOTE_ATOMIC", AccessSupport::Honoured),
+    (1 << 4, "IBV_ACCESS_MW_BIND", AccessSupport::Refused),
+    (1 << 5, "IBV_ACCESS_ZERO_BASED", AccessSupport::Refused),
+    // Nothing is pinned: every region already behaves as on-demand paging promises.
+    (1 << 6, "IBV_ACCESS_ON_DEMAND", AccessSupport::Satisfied),
+    // A hint about the pages behind the range; nothing to do.
+    (1 << 7, "IBV_ACCESS_HUGETLB", AccessSupport::Satisfied),
+    (1 << 8, "IBV_ACCESS_FLUSH_GLOBAL", AccessSupport::Refused),
+    (1 << 9, "IBV_ACCESS_FLUSH_PERSISTENT", AccessSupport::Refused),
+    // The first optional flag: softrdma writes in order anyway.
+    (1 << 20, "IBV_ACCESS_RELAXED_ORDERING", AccessSupport::Satisfied),
+];
+
+/// `IBV_ACCESS_OPTIONAL_RANGE`: flags a provider may ignore (bits 20 to 29).
+const ACCESS_OPTIONAL_RANGE: u32 = 0x3FF0_0000;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AccessSupport {
+    /// Implemented.
+    Honoured,
+    /// Accepted: softrdma already behaves as the flag asks.
+    Satisfied,
+    /// Defined by verbs but not implemented: refused with an error naming it.
+    Refused,
+}
+
+/// Checks a region's access flags as `ibv_reg_mr` does and returns the rights softrdma
+/// acts on: every bit rdma-core defines is recognised, optional ones are ignored,
+/// unimplemented ones are refused by name, unknown ones are refused; REMOTE_WRITE and
+/// REMOTE_ATOMIC need LOCAL_WRITE.
+pub(crate) fn check_access(access: Access) -> Result<Access> {
+    let rights = check_access_bits(access)?;
     let remote_write = Access::REMOTE_WRITE.bits() | Access::REMOTE_ATOMIC.bits();
-    if access.bits() & remote_write != 0 && !access.contains(Access::LOCAL_WRITE) {
+    if rights.bits() & remote_write != 0 && !access.contains(Access::LOCAL_WRITE) {
         return Err(Error::InvalidArgument("remote write or atomic access needs local write"));
     }
-    if access.bits() & !0x0F != 0 {
+    Ok(rights)
+}
+
+/// Checks the bits of access flags (a QP's, or a region's) and returns the rights
+/// softrdma acts on.
+pub(crate) fn check_access_bits(access: Access) -> Result<Access> {
+    let bits = access.bits();
+    for (bit, name, support) in ACCESS_FLAGS {
+        if bits & bit != 0 && support == AccessSupport::Refused {
+            return Err(Error::UnsupportedAccess(name));
+        }
+    }
+    let known = ACCESS_FLAGS.iter().fold(ACCESS_OPTIONAL_RANGE, |m, (b, _, _)| m | b);
+    if bits & !known != 0 {
         return Err(Error::InvalidArgument("unknown access flags"));
     }
-    Ok(())
+    Ok(Access::from_bits(bits & 0x0F))
 }
 
 /// A registered memory region (`ibv_mr`): bytes it owns, or a caller's range registered
@@ -176,6 +217,6 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        self.pd.ctx.shared.lock().mem.deregister(self.inner.lkey);
+        self.pd.ctx.engine.deregister(self.inner.lkey);
     }
 }

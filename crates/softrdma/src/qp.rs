@@ -1,6 +1,14 @@
 //! Queue pairs, and connecting them out of band.
 //!
-//! Connected QPs follow a typestate: [`ProtectionDomain::create_qp`] gives a
+//! Verbs-level control, as `ibv_create_qp` and `ibv_modify_qp` have it:
+//! [`ProtectionDomain::create_qp`] gives a [`QueuePair`] in RESET, and
+//! [`QueuePair::modify`] (attributes in `Option`s) or [`QueuePair::modify_masked`]
+//! (attributes and an `ibv_qp_attr_mask`) drive it RESET → INIT → RTR → RTS, to SQD, SQE
+//! and ERROR, and back to RESET, with `ibv_modify_qp`'s table of required and optional
+//! attributes; [`QueuePair::query`] returns the attributes and the creation attributes.
+//! Dropping a QP flushes its outstanding work requests to its CQs, then destroys it.
+//!
+//! A typestate convenience on top: [`ProtectionDomain::prepare_qp`] gives a
 //! [`PreparedQp`] (in INIT), whose [`PreparedQp::endpoint`] is what the peer needs; once
 //! the peer's [`EndpointInfo`] has arrived — over TCP, a file, stdin, anything —
 //! [`PreparedQp::handshake`] moves it through RTR to RTS and gives the [`QueuePair`]. UD
@@ -10,13 +18,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use softrdma_proto::memory::Access;
-use softrdma_proto::qp::{Mtu, QpAttr, QpCaps, QpConfig, QpState, QpStats, QpType, RecvWr, SendWr, SrqId};
+use softrdma_proto::qp::{
+    Mtu, QpAttr, QpAttrMask, QpCaps, QpConfig, QpState, QpStats, QpType, RecvWr, SendWr, SrqId,
+};
 use softrdma_proto::{Psn, Qkey, Qpn};
 
-use crate::context::{ContextInner, MAX_INLINE, MAX_QP, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE};
 use crate::cq::CompletionQueue;
-use crate::engine::Route;
-use crate::pd::{ProtectionDomain, RemoteRegion};
+use crate::device::{ContextInner, MAX_INLINE, MAX_QP, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE};
+use crate::pd::{check_access_bits, ProtectionDomain, RemoteRegion};
 use crate::{Error, Result};
 
 /// How to build a QP.
@@ -89,7 +98,7 @@ impl ProtectionDomain {
         if max_wr == 0 || max_wr > MAX_QP_WR || max_sge > MAX_SGE {
             return Err(Error::Limit("SRQ size"));
         }
-        let id = self.ctx.shared.lock().endpoint.create_srq(max_wr, max_sge);
+        let id = self.ctx.engine.create_srq(max_wr, max_sge);
         Ok(SharedReceiveQueue { ctx: self.ctx.clone(), id })
     }
 }
@@ -97,20 +106,23 @@ impl ProtectionDomain {
 impl SharedReceiveQueue {
     /// Posts a receive WR.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        let mut core = self.ctx.shared.lock();
-        let srq = core.endpoint.srq_mut(self.id).ok_or(Error::InvalidArgument("SRQ destroyed"))?;
-        srq.post_recv(wr)?;
-        Ok(())
+        self.ctx.engine.srq_post_recv(self.id, wr)
     }
 
     /// WQEs posted and not yet consumed.
     pub fn len(&self) -> usize {
-        self.ctx.shared.lock().endpoint.srq_mut(self.id).map_or(0, |s| s.len())
+        self.ctx.engine.srq_len(self.id)
     }
 
     /// Whether no WQE is posted.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl Drop for SharedReceiveQueue {
+    fn drop(&mut self) {
+        self.ctx.engine.destroy_srq(self.id);
     }
 }
 
@@ -171,14 +183,34 @@ pub struct PreparedQp {
     psn: Psn,
 }
 
+/// What a QP was created with (`ibv_qp_init_attr`), as [`QueuePair::query`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInitAttr {
+    /// Transport service.
+    pub qp_type: QpType,
+    /// Queue sizes and limits.
+    pub caps: QpCaps,
+    /// Every send WR is signaled.
+    pub sq_sig_all: bool,
+    /// Receive WQEs come from a shared receive queue.
+    pub srq: bool,
+    /// The send CQ's number.
+    pub send_cq: u32,
+    /// The receive CQ's number.
+    pub recv_cq: u32,
+}
+
 impl ProtectionDomain {
-    /// Creates a QP whose completions go to `send_cq` and `recv_cq`.
+    /// Creates a QP in RESET whose completions go to `send_cq` and `recv_cq`
+    /// (`ibv_create_qp`); move it to INIT, RTR and RTS with [`QueuePair::modify`]. The
+    /// builder's access flags and Q_Key are not applied here: they are INIT attributes
+    /// (see [`Self::prepare_qp`] for the typestate path that applies them).
     pub fn create_qp(
         &self,
         b: &QpBuilder,
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
-    ) -> Result<PreparedQp> {
+    ) -> Result<QueuePair> {
         let caps = b.caps;
         if caps.max_send_wr > MAX_QP_WR || caps.max_recv_wr > MAX_QP_WR {
             return Err(Error::Limit("max_qp_wr"));
@@ -194,42 +226,48 @@ impl ProtectionDomain {
                 return Err(Error::Mismatch);
             }
         }
-        let shared = &self.ctx.shared;
-        let mut core = shared.lock();
-        if core.endpoint.qps().count() >= MAX_QP as usize {
-            return Err(Error::Limit("max_qp"));
-        }
+        let engine = &self.ctx.engine;
         let cfg = QpConfig {
             qp_type: b.qp_type,
             pd: self.id,
-            local: shared.local,
+            local: engine.local(),
             caps,
             sq_sig_all: b.sq_sig_all,
             srq: b.srq,
         };
-        let qpn = core.endpoint.create_qp(cfg);
-        core.routes
-            .insert(qpn.get(), Route { send_cq: send_cq.shared.clone(), recv_cq: recv_cq.shared.clone() });
+        let qpn = engine.create_qp(cfg, send_cq.shared.clone(), recv_cq.shared.clone(), MAX_QP as usize)?;
+        Ok(QueuePair {
+            ctx: self.ctx.clone(),
+            qpn,
+            qp_type: b.qp_type,
+            init: QpInitAttr {
+                qp_type: b.qp_type,
+                caps,
+                sq_sig_all: b.sq_sig_all,
+                srq: b.srq.is_some(),
+                send_cq: send_cq.id(),
+                recv_cq: recv_cq.id(),
+            },
+            pd: self.clone(),
+            _cqs: [send_cq.clone(), recv_cq.clone()],
+        })
+    }
+
+    /// Creates a QP and moves it to INIT with the builder's access flags (RC, UC) or Q_Key
+    /// (UD): the first step of the out-of-band typestate connection.
+    pub fn prepare_qp(
+        &self,
+        b: &QpBuilder,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+    ) -> Result<PreparedQp> {
+        let qp = self.create_qp(b, send_cq, recv_cq)?;
         let init = match b.qp_type {
             QpType::Ud => QpAttr { qkey: Some(b.qkey), ..Default::default() },
             _ => QpAttr { access_flags: Some(b.access), ..Default::default() },
         };
-        let attr = QpAttr { state: Some(QpState::Init), pkey_index: Some(0), port: Some(1), ..init };
-        let qp = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP vanished"))?;
-        if b.qp_type == QpType::Ud {
-            qp.set_ud_mtu(self.ctx.device.active_mtu());
-        }
-        let modified = qp.modify(&attr);
-        drop(core);
-        let handle = QueuePair {
-            ctx: self.ctx.clone(),
-            qpn,
-            qp_type: b.qp_type,
-            pd: self.clone(),
-            _cqs: [send_cq.clone(), recv_cq.clone()],
-        };
-        modified?;
-        Ok(PreparedQp { qp: handle, psn: random_psn() })
+        qp.modify(&QpAttr { state: Some(QpState::Init), pkey_index: Some(0), port: Some(1), ..init })?;
+        Ok(PreparedQp { qp, psn: random_psn() })
     }
 }
 
@@ -242,7 +280,7 @@ impl PreparedQp {
     /// What the peer needs, offering no memory region.
     pub fn endpoint(&self) -> EndpointInfo {
         EndpointInfo {
-            addr: self.qp.ctx.shared.local,
+            addr: self.qp.ctx.engine.local(),
             qpn: self.qp.qpn.get(),
             psn: self.psn.get(),
             mtu: self.qp.ctx.device.active_mtu().bytes(),
@@ -294,8 +332,7 @@ impl PreparedQp {
             max_rd_atomic: rc.then_some(opts.rd_atomic),
             ..Default::default()
         };
-        self.qp.set_foreign_peer(opts.foreign_peer);
-        self.qp.modify(&rtr)?;
+        self.qp.ctx.engine.modify_qp(self.qp.qpn, &rtr, |qp| qp.set_foreign_peer(opts.foreign_peer))?;
         self.qp.modify(&rts)?;
         Ok(self.qp)
     }
@@ -321,6 +358,7 @@ pub struct QueuePair {
     ctx: Arc<ContextInner>,
     qpn: Qpn,
     qp_type: QpType,
+    init: QpInitAttr,
     pd: ProtectionDomain,
     _cqs: [CompletionQueue; 2],
 }
@@ -331,6 +369,11 @@ impl QueuePair {
         self.qpn
     }
 
+    /// The transport service.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
     /// The protection domain.
     pub fn pd(&self) -> &ProtectionDomain {
         &self.pd
@@ -339,14 +382,7 @@ impl QueuePair {
     /// Posts a send WR; its packets leave from this thread before the call returns (as
     /// far as the window and limits allow; the rest follow as ACKs come back).
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
-        let shared = &self.ctx.shared;
-        let mut core = shared.lock();
-        let crate::engine::Core { endpoint, mem, .. } = &mut *core;
-        let qp = endpoint.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
-        qp.post_send(wr, mem)?;
-        shared.flush(&mut core);
-        shared.nudge(&core);
-        Ok(())
+        self.ctx.engine.post_send(self.qpn, [wr]).map(|_| ()).map_err(|(_, e)| e)
     }
 
     /// Posts several send WRs with one pass of the engine, so that their packets leave in
@@ -356,74 +392,64 @@ impl QueuePair {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> std::result::Result<usize, (usize, Error)> {
-        let shared = &self.ctx.shared;
-        let mut core = shared.lock();
-        let crate::engine::Core { endpoint, mem, .. } = &mut *core;
-        let Some(qp) = endpoint.qp_mut(self.qpn) else {
-            return Err((0, Error::InvalidArgument("QP destroyed")));
-        };
-        let mut n = 0;
-        let mut failed = None;
-        for wr in wrs {
-            if let Err(e) = qp.post_send(wr, mem) {
-                failed = Some(e.into());
-                break;
-            }
-            n += 1;
-        }
-        shared.flush(&mut core);
-        shared.nudge(&core);
-        match failed {
-            None => Ok(n),
-            Some(e) => Err((n, e)),
-        }
+        self.ctx.engine.post_send(self.qpn, wrs)
     }
 
     /// Posts a receive WR.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        let shared = &self.ctx.shared;
-        let mut core = shared.lock();
-        let qp = core.endpoint.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
-        qp.post_recv(wr)?;
-        shared.flush(&mut core);
-        Ok(())
+        self.ctx.engine.post_recv(self.qpn, wr)
     }
 
-    /// Changes state and attributes (`ibv_modify_qp`).
+    /// Changes state and attributes (`ibv_modify_qp`): the attributes set are the mask.
+    /// A UD QP's path MTU is the port's active MTU; access flags are checked
+    /// bit by bit as `ibv_reg_mr` checks them. On error nothing changes.
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
-        let shared = &self.ctx.shared;
-        let mut core = shared.lock();
-        let qp = core.endpoint.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
-        qp.modify(attr)?;
-        shared.flush(&mut core);
-        shared.nudge(&core);
-        Ok(())
+        let mut attr = *attr;
+        if let Some(a) = attr.access_flags {
+            attr.access_flags = Some(check_access_bits(a)?);
+        }
+        let ud_mtu = (self.qp_type == QpType::Ud).then(|| self.ctx.device.active_mtu());
+        self.ctx.engine.modify_qp(self.qpn, &attr, |qp| {
+            if let Some(mtu) = ud_mtu {
+                qp.set_ud_mtu(mtu);
+            }
+        })
+    }
+
+    /// [`Self::modify`] with the attributes and the `ibv_qp_attr_mask` apart, as the C
+    /// API passes them: only the attributes `mask` names are applied, and each of them
+    /// must be set in `attr`.
+    pub fn modify_masked(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.modify(&attr.masked(mask)?)
+    }
+
+    /// The current attributes and the creation attributes (`ibv_query_qp`).
+    pub fn query(&self) -> Result<(QpAttr, QpInitAttr)> {
+        let attr =
+            self.ctx.engine.with_qp(self.qpn, |q| q.attr()).ok_or(Error::InvalidArgument("QP destroyed"))?;
+        Ok((attr, self.init))
     }
 
     /// The current state.
     pub fn state(&self) -> QpState {
-        self.ctx.shared.lock().endpoint.qp(self.qpn).map_or(QpState::Error, |q| q.state())
+        self.ctx.engine.with_qp(self.qpn, |q| q.state()).unwrap_or(QpState::Error)
     }
 
     /// Marks the peers as foreign (Linux rxe, a RoCE NIC) or softrdma; see
     /// [`ConnectOptions::foreign_peer`]. For UD QPs, which have no single peer, this is the
     /// way to accept datagrams from foreign senders.
     pub fn set_foreign_peer(&self, foreign: bool) {
-        if let Some(qp) = self.ctx.shared.lock().endpoint.qp_mut(self.qpn) {
-            qp.set_foreign_peer(foreign);
-        }
+        self.ctx.engine.set_foreign_peer(self.qpn, foreign);
     }
 
     /// Counters.
     pub fn stats(&self) -> QpStats {
-        self.ctx.shared.lock().endpoint.qp(self.qpn).map(|q| q.stats()).unwrap_or_default()
+        self.ctx.engine.with_qp(self.qpn, |q| q.stats()).unwrap_or_default()
     }
 }
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        let mut core = self.ctx.shared.lock();
-        core.endpoint.destroy_qp(self.qpn);
-        core.routes.remove(&self.qpn.get());
+        self.ctx.engine.destroy_qp(self.qpn);
     }
 }

@@ -46,7 +46,7 @@ fn victim() -> Victim {
 
 /// A QP of the victim connected to the attacker's socket, which pretends to be a QP.
 fn victim_qp(v: &Victim, attacker: &UdpSocket, access: Access) -> QueuePair {
-    let p = v.pd.create_qp(&QpBuilder::rc().access(access), &v.cq, &v.cq).unwrap();
+    let p = v.pd.prepare_qp(&QpBuilder::rc().access(access), &v.cq, &v.cq).unwrap();
     let fake =
         EndpointInfo { addr: attacker.local_addr().unwrap(), qpn: 0x123, psn: 100, mtu: 1024, region: None };
     p.handshake(&fake, &ConnectOptions::default()).unwrap()
@@ -118,8 +118,8 @@ fn legit_pair(v: &Victim) -> impl FnMut() {
     let other = Context::open_port(IpAddr::from([127, 0, 4, 3]), 0).unwrap();
     let opd = other.alloc_pd();
     let ocq = other.create_cq(64, None).unwrap();
-    let op = opd.create_qp(&QpBuilder::rc(), &ocq, &ocq).unwrap();
-    let vp = v.pd.create_qp(&QpBuilder::rc(), &v.cq, &v.cq).unwrap();
+    let op = opd.prepare_qp(&QpBuilder::rc(), &ocq, &ocq).unwrap();
+    let vp = v.pd.prepare_qp(&QpBuilder::rc(), &v.cq, &v.cq).unwrap();
     let (eo, ev) = (op.endpoint(), vp.endpoint());
     let oq = op.handshake(&ev, &ConnectOptions::default()).unwrap();
     let vq = vp.handshake(&eo, &ConnectOptions::default()).unwrap();
@@ -348,7 +348,7 @@ fn keys_are_unpredictable_and_dead_at_once() {
     // A deregistered region's key is dead at once: a peer's WRITE to it fails.
     let a = Attacker::new(ctx.local_addr());
     let cq = ctx.create_cq(16, None).unwrap();
-    let p = pd.create_qp(&QpBuilder::rc().access(ALL), &cq, &cq).unwrap();
+    let p = pd.prepare_qp(&QpBuilder::rc().access(ALL), &cq, &cq).unwrap();
     let fake =
         EndpointInfo { addr: a.sock.local_addr().unwrap(), qpn: 0x55, psn: 100, mtu: 1024, region: None };
     let qp = p.handshake(&fake, &ConnectOptions::default()).unwrap();

@@ -15,15 +15,15 @@ fn limits_are_typed_errors() {
     assert!(matches!(ctx.create_cq(softrdma::MAX_CQE + 1, None), Err(Error::InvalidArgument(_))));
     let cq = ctx.create_cq(16, None).unwrap();
     let big = QpCaps { max_send_wr: softrdma::MAX_QP_WR + 1, ..QpCaps::default() };
-    assert!(matches!(pd.create_qp(&QpBuilder::rc().caps(big), &cq, &cq), Err(Error::Limit("max_qp_wr"))));
+    assert!(matches!(pd.prepare_qp(&QpBuilder::rc().caps(big), &cq, &cq), Err(Error::Limit("max_qp_wr"))));
     let sges = QpCaps { max_send_sge: softrdma::MAX_SGE + 1, ..QpCaps::default() };
-    assert!(matches!(pd.create_qp(&QpBuilder::rc().caps(sges), &cq, &cq), Err(Error::Limit("max_sge"))));
+    assert!(matches!(pd.prepare_qp(&QpBuilder::rc().caps(sges), &cq, &cq), Err(Error::Limit("max_sge"))));
     let inline = QpCaps { max_inline_data: softrdma::MAX_INLINE + 1, ..QpCaps::default() };
-    assert!(matches!(pd.create_qp(&QpBuilder::rc().caps(inline), &cq, &cq), Err(Error::Limit(_))));
+    assert!(matches!(pd.prepare_qp(&QpBuilder::rc().caps(inline), &cq, &cq), Err(Error::Limit(_))));
     assert!(matches!(pd.register(16, Access::REMOTE_WRITE), Err(Error::InvalidArgument(_))));
     // A full send queue refuses the next WR; nothing is queued.
     let caps = QpCaps { max_send_wr: 4, ..QpCaps::default() };
-    let p = pd.create_qp(&QpBuilder::rc().caps(caps), &cq, &cq).unwrap();
+    let p = pd.prepare_qp(&QpBuilder::rc().caps(caps), &cq, &cq).unwrap();
     let me = p.endpoint();
     // Connected to itself's address with a QPN nobody has: nothing is ever answered.
     let qp = p.handshake(&softrdma::EndpointInfo { qpn: 0xABCDE, ..me }, &ConnectOptions::default()).unwrap();
@@ -61,8 +61,8 @@ fn a_thousand_qps_with_traffic_on_every_one() {
     let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, ..QpCaps::default() };
     let mut qps = Vec::new();
     for i in 0..n {
-        let qa = pa.create_qp(&QpBuilder::rc().caps(caps), &cqa, &cqa).unwrap();
-        let qb = pb.create_qp(&QpBuilder::rc().caps(caps), &cqb, &cqb).unwrap();
+        let qa = pa.prepare_qp(&QpBuilder::rc().caps(caps), &cqa, &cqa).unwrap();
+        let qb = pb.prepare_qp(&QpBuilder::rc().caps(caps), &cqb, &cqb).unwrap();
         qb.post_recv(RecvWr { wr_id: i as u64, sg_list: vec![dst.sge(64 * i, 64).unwrap()] }).unwrap();
         let (ea, eb) = (qa.endpoint(), qb.endpoint());
         qps.push((

@@ -39,7 +39,7 @@ fn pair(a: u8, b: u8, access: Access) -> (Side, Side) {
     for c in [&ca, &cb] {
         let pd = c.alloc_pd();
         let cq = c.create_cq(256, None).unwrap();
-        let p = pd.create_qp(&QpBuilder::rc().access(access), &cq, &cq).unwrap();
+        let p = pd.prepare_qp(&QpBuilder::rc().access(access), &cq, &cq).unwrap();
         let mr = pd.register(1 << 20, all).unwrap();
         prepared.push((c.clone(), cq, p, mr));
     }
@@ -223,8 +223,8 @@ fn event_mode_wakes_on_the_completion_channel() {
     let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
     let cqa = ca.create_cq(8, None).unwrap();
     let cqb = cb.create_cq(8, Some(&ch)).unwrap();
-    let qa = pa.create_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
-    let qb = pb.create_qp(&QpBuilder::rc(), &cqb, &cqb).unwrap();
+    let qa = pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
+    let qb = pb.prepare_qp(&QpBuilder::rc(), &cqb, &cqb).unwrap();
     let mrb = pb.register(64, Access::LOCAL_WRITE).unwrap();
     qb.post_recv(RecvWr { wr_id: 1, sg_list: vec![mrb.sge(0, 64).unwrap()] }).unwrap();
     let (ea, eb) = (qa.endpoint(), qb.endpoint());
@@ -300,8 +300,8 @@ fn raw_registration_and_cq_overrun() {
     let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
     let cqa = ca.create_cq(64, None).unwrap();
     let small = cb.create_cq(2, None).unwrap();
-    let qa = pa.create_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
-    let qb = pb.create_qp(&QpBuilder::rc(), &small, &small).unwrap();
+    let qa = pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
+    let qb = pb.prepare_qp(&QpBuilder::rc(), &small, &small).unwrap();
     let mr = pb.register(64, Access::LOCAL_WRITE).unwrap();
     for i in 0..5 {
         qb.post_recv(RecvWr { wr_id: i, sg_list: vec![mr.sge(0, 64).unwrap()] }).unwrap();
@@ -353,8 +353,8 @@ fn shared_receive_queue_across_two_qps() {
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
     for _ in 0..2 {
-        let qa = pa.create_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
-        let qb = pb.create_qp(&QpBuilder::rc().srq(&srq), &cqb, &cqb).unwrap();
+        let qa = pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
+        let qb = pb.prepare_qp(&QpBuilder::rc().srq(&srq), &cqb, &cqb).unwrap();
         assert!(
             qb.post_recv(RecvWr { wr_id: 9, sg_list: vec![] }).is_err(),
             "a QP with an SRQ takes no receives"

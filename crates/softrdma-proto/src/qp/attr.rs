@@ -112,6 +112,171 @@ pub struct QpAttr {
     pub rnr_retry: Option<u8>,
 }
 
+/// `ibv_qp_attr_mask`: which attributes of an `ibv_modify_qp` call are meant, with
+/// rdma-core's bit values. [`QpAttr`] carries its mask in its `Option`s; this type is for
+/// callers that hold attributes and a mask apart, as the C API does
+/// ([`QpAttr::masked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct QpAttrMask(pub u32);
+
+impl QpAttrMask {
+    /// `IBV_QP_STATE`.
+    pub const STATE: QpAttrMask = QpAttrMask(1 << 0);
+    /// `IBV_QP_CUR_STATE`.
+    pub const CUR_STATE: QpAttrMask = QpAttrMask(1 << 1);
+    /// `IBV_QP_EN_SQD_ASYNC_NOTIFY`.
+    pub const EN_SQD_ASYNC_NOTIFY: QpAttrMask = QpAttrMask(1 << 2);
+    /// `IBV_QP_ACCESS_FLAGS`.
+    pub const ACCESS_FLAGS: QpAttrMask = QpAttrMask(1 << 3);
+    /// `IBV_QP_PKEY_INDEX`.
+    pub const PKEY_INDEX: QpAttrMask = QpAttrMask(1 << 4);
+    /// `IBV_QP_PORT`.
+    pub const PORT: QpAttrMask = QpAttrMask(1 << 5);
+    /// `IBV_QP_QKEY`.
+    pub const QKEY: QpAttrMask = QpAttrMask(1 << 6);
+    /// `IBV_QP_AV`.
+    pub const AV: QpAttrMask = QpAttrMask(1 << 7);
+    /// `IBV_QP_PATH_MTU`.
+    pub const PATH_MTU: QpAttrMask = QpAttrMask(1 << 8);
+    /// `IBV_QP_TIMEOUT`.
+    pub const TIMEOUT: QpAttrMask = QpAttrMask(1 << 9);
+    /// `IBV_QP_RETRY_CNT`.
+    pub const RETRY_CNT: QpAttrMask = QpAttrMask(1 << 10);
+    /// `IBV_QP_RNR_RETRY`.
+    pub const RNR_RETRY: QpAttrMask = QpAttrMask(1 << 11);
+    /// `IBV_QP_RQ_PSN`.
+    pub const RQ_PSN: QpAttrMask = QpAttrMask(1 << 12);
+    /// `IBV_QP_MAX_QP_RD_ATOMIC`.
+    pub const MAX_QP_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 13);
+    /// `IBV_QP_ALT_PATH` (automatic path migration; not supported).
+    pub const ALT_PATH: QpAttrMask = QpAttrMask(1 << 14);
+    /// `IBV_QP_MIN_RNR_TIMER`.
+    pub const MIN_RNR_TIMER: QpAttrMask = QpAttrMask(1 << 15);
+    /// `IBV_QP_SQ_PSN`.
+    pub const SQ_PSN: QpAttrMask = QpAttrMask(1 << 16);
+    /// `IBV_QP_MAX_DEST_RD_ATOMIC`.
+    pub const MAX_DEST_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 17);
+    /// `IBV_QP_PATH_MIG_STATE` (not supported).
+    pub const PATH_MIG_STATE: QpAttrMask = QpAttrMask(1 << 18);
+    /// `IBV_QP_CAP` (resizing queues; not supported).
+    pub const CAP: QpAttrMask = QpAttrMask(1 << 19);
+    /// `IBV_QP_DEST_QPN`.
+    pub const DEST_QPN: QpAttrMask = QpAttrMask(1 << 20);
+    /// `IBV_QP_RATE_LIMIT` (not supported).
+    pub const RATE_LIMIT: QpAttrMask = QpAttrMask(1 << 25);
+
+    /// Whether every bit of `other` is set.
+    pub const fn contains(self, other: QpAttrMask) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl core::ops::BitOr for QpAttrMask {
+    type Output = QpAttrMask;
+    fn bitor(self, rhs: QpAttrMask) -> QpAttrMask {
+        QpAttrMask(self.0 | rhs.0)
+    }
+}
+
+impl QpAttr {
+    /// The `ibv_qp_attr_mask` of the attributes set.
+    pub fn attr_mask(&self) -> QpAttrMask {
+        let pairs = [
+            (self.state.is_some(), QpAttrMask::STATE),
+            (self.pkey_index.is_some(), QpAttrMask::PKEY_INDEX),
+            (self.port.is_some(), QpAttrMask::PORT),
+            (self.access_flags.is_some(), QpAttrMask::ACCESS_FLAGS),
+            (self.qkey.is_some(), QpAttrMask::QKEY),
+            (self.path_mtu.is_some(), QpAttrMask::PATH_MTU),
+            (self.remote.is_some(), QpAttrMask::AV),
+            (self.dest_qpn.is_some(), QpAttrMask::DEST_QPN),
+            (self.rq_psn.is_some(), QpAttrMask::RQ_PSN),
+            (self.sq_psn.is_some(), QpAttrMask::SQ_PSN),
+            (self.max_rd_atomic.is_some(), QpAttrMask::MAX_QP_RD_ATOMIC),
+            (self.max_dest_rd_atomic.is_some(), QpAttrMask::MAX_DEST_RD_ATOMIC),
+            (self.min_rnr_timer.is_some(), QpAttrMask::MIN_RNR_TIMER),
+            (self.timeout.is_some(), QpAttrMask::TIMEOUT),
+            (self.retry_cnt.is_some(), QpAttrMask::RETRY_CNT),
+            (self.rnr_retry.is_some(), QpAttrMask::RNR_RETRY),
+        ];
+        pairs.iter().filter(|(on, _)| *on).fold(QpAttrMask(0), |m, (_, b)| m | *b)
+    }
+
+    /// The attributes `mask` names, as `ibv_modify_qp` reads them: fields outside the mask
+    /// are dropped. Fails if the mask names an attribute `self` does not hold, or one
+    /// softrdma does not support (alternate paths, path migration, resizing, rate limits;
+    /// `CUR_STATE` and `EN_SQD_ASYNC_NOTIFY` are accepted and ignored).
+    pub fn masked(&self, mask: QpAttrMask) -> Result<QpAttr, ModifyError> {
+        let unsupported = [
+            (QpAttrMask::ALT_PATH, "alt_path"),
+            (QpAttrMask::PATH_MIG_STATE, "path_mig_state"),
+            (QpAttrMask::CAP, "cap"),
+            (QpAttrMask::RATE_LIMIT, "rate_limit"),
+        ];
+        for (bit, name) in unsupported {
+            if mask.contains(bit) {
+                return Err(ModifyError::Unsupported(name));
+            }
+        }
+        let known = self.attr_mask().0 | QpAttrMask::CUR_STATE.0 | QpAttrMask::EN_SQD_ASYNC_NOTIFY.0;
+        let all = ((1u32 << 21) - 1) | QpAttrMask::RATE_LIMIT.0;
+        if mask.0 & !all != 0 {
+            return Err(ModifyError::OutOfRange("attr_mask"));
+        }
+        let pick = |bit: QpAttrMask| mask.contains(bit);
+        let out = QpAttr {
+            state: self.state.filter(|_| pick(QpAttrMask::STATE)),
+            pkey_index: self.pkey_index.filter(|_| pick(QpAttrMask::PKEY_INDEX)),
+            port: self.port.filter(|_| pick(QpAttrMask::PORT)),
+            access_flags: self.access_flags.filter(|_| pick(QpAttrMask::ACCESS_FLAGS)),
+            qkey: self.qkey.filter(|_| pick(QpAttrMask::QKEY)),
+            path_mtu: self.path_mtu.filter(|_| pick(QpAttrMask::PATH_MTU)),
+            remote: self.remote.filter(|_| pick(QpAttrMask::AV)),
+            dest_qpn: self.dest_qpn.filter(|_| pick(QpAttrMask::DEST_QPN)),
+            rq_psn: self.rq_psn.filter(|_| pick(QpAttrMask::RQ_PSN)),
+            sq_psn: self.sq_psn.filter(|_| pick(QpAttrMask::SQ_PSN)),
+            max_rd_atomic: self.max_rd_atomic.filter(|_| pick(QpAttrMask::MAX_QP_RD_ATOMIC)),
+            max_dest_rd_atomic: self.max_dest_rd_atomic.filter(|_| pick(QpAttrMask::MAX_DEST_RD_ATOMIC)),
+            min_rnr_timer: self.min_rnr_timer.filter(|_| pick(QpAttrMask::MIN_RNR_TIMER)),
+            timeout: self.timeout.filter(|_| pick(QpAttrMask::TIMEOUT)),
+            retry_cnt: self.retry_cnt.filter(|_| pick(QpAttrMask::RETRY_CNT)),
+            rnr_retry: self.rnr_retry.filter(|_| pick(QpAttrMask::RNR_RETRY)),
+        };
+        let missing = mask.0 & !known & !(QpAttrMask::CUR_STATE.0 | QpAttrMask::EN_SQD_ASYNC_NOTIFY.0);
+        if missing != 0 {
+            return Err(ModifyError::Missing(mask_name(missing.trailing_zeros())));
+        }
+        Ok(out)
+    }
+}
+
+fn mask_name(bit: u32) -> &'static str {
+    const NAMES: [&str; 21] = [
+        "state",
+        "cur_state",
+        "en_sqd_async_notify",
+        "access_flags",
+        "pkey_index",
+        "port",
+        "qkey",
+        "av",
+        "path_mtu",
+        "timeout",
+        "retry_cnt",
+        "rnr_retry",
+        "rq_psn",
+        "max_rd_atomic",
+        "alt_path",
+        "min_rnr_timer",
+        "sq_psn",
+        "max_dest_rd_atomic",
+        "path_mig_state",
+        "cap",
+        "dest_qpn",
+    ];
+    NAMES.get(bit as usize).copied().unwrap_or("rate_limit")
+}
+
 /// Why `modify` refused; nothing was changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -135,6 +300,9 @@ pub enum ModifyError {
     /// An attribute's value is out of range.
     #[error("attribute {0} is out of range")]
     OutOfRange(&'static str),
+    /// An attribute verbs defines that softrdma does not implement.
+    #[error("attribute {0} is not supported")]
+    Unsupported(&'static str),
 }
 
 /// Attribute names, in the order of the fields of [`QpAttr`].

@@ -35,7 +35,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-pub use attr::{ModifyError, Mtu, QpAttr, QpState, QpType};
+pub use attr::{ModifyError, Mtu, QpAttr, QpAttrMask, QpState, QpType};
 pub use srq::{Srq, SrqId};
 pub use wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
 
@@ -422,6 +422,37 @@ impl QueuePair {
         }
         self.state = to;
         Ok(())
+    }
+
+    /// What the QP was created with.
+    pub fn config(&self) -> &QpConfig {
+        &self.cfg
+    }
+
+    /// The current attributes, every field set (`ibv_query_qp` with a full mask). For UD
+    /// QPs the connection fields (`remote`, `dest_qpn`, `rq_psn`, RC timers) are `None`;
+    /// for connected QPs `qkey` is.
+    pub fn attr(&self) -> QpAttr {
+        let connected = self.cfg.qp_type != QpType::Ud;
+        let rc = self.cfg.qp_type == QpType::Rc;
+        QpAttr {
+            state: Some(self.state),
+            pkey_index: Some(0),
+            port: Some(1),
+            access_flags: connected.then_some(self.access),
+            qkey: (!connected).then_some(self.qkey),
+            path_mtu: Some(self.mtu),
+            remote: if connected { self.remote } else { None },
+            dest_qpn: connected.then_some(self.dest_qpn),
+            rq_psn: connected.then_some(self.resp.expected_psn()),
+            sq_psn: Some(self.req.next_psn),
+            max_rd_atomic: rc.then_some(self.max_rd_atomic),
+            max_dest_rd_atomic: rc.then_some(self.max_dest_rd_atomic),
+            min_rnr_timer: rc.then_some(self.min_rnr_timer),
+            timeout: rc.then_some(self.timeout),
+            retry_cnt: rc.then_some(self.retry_cnt),
+            rnr_retry: rc.then_some(self.rnr_retry),
+        }
     }
 
     /// The shared receive queue the QP takes receive WQEs from, if any.

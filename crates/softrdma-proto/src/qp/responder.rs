@@ -51,6 +51,11 @@ pub(super) struct Responder {
 }
 
 impl Responder {
+    /// The next PSN expected from the requester.
+    pub(super) fn expected_psn(&self) -> Psn {
+        self.epsn
+    }
+
     pub(super) fn new(rq_psn: Psn) -> Responder {
         Responder {
             epsn: rq_psn,

@@ -105,7 +105,7 @@ impl Sim {
         while let Some(d) = self.net.poll(self.now) {
             busy = true;
             if let Some(node) = self.nodes.iter_mut().find(|n| n.endpoint.local() == d.to) {
-                node.endpoint.handle_datagram(self.now, d.from, &d.bytes, &mut node.mem);
+                node.endpoint.handle_datagram(self.now, d.from, d.to, &d.bytes, &mut node.mem);
             }
         }
         for node in &mut self.nodes {
@@ -126,8 +126,9 @@ impl Sim {
     }
 
     /// The time of the next event (a delivery or a timer), if any.
-    pub fn next_event(&self) -> Option<Duration> {
-        let timers = self.nodes.iter().filter_map(|n| n.endpoint.poll_timeout());
+    pub fn next_event(&mut self) -> Option<Duration> {
+        let timers = self.nodes.iter_mut().filter_map(|n| n.endpoint.poll_timeout()).collect::<Vec<_>>();
+        let timers = timers.into_iter();
         timers.chain(self.net.next_delivery()).min()
     }
 

@@ -58,23 +58,37 @@ pub(crate) fn wait_readable<const N: usize>(
     fds: [RawFd; N],
     timeout: Option<Duration>,
 ) -> io::Result<[bool; N]> {
-    let mut pfds = fds.map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+    let ready = wait_readable_any(&fds, timeout)?;
+    Ok(std::array::from_fn(|i| ready & (1 << i) != 0))
+}
+
+/// Waits until one of up to 64 `fds` is readable or `timeout` passes (`None`: forever).
+/// Returns a bit mask of the readable ones.
+pub(crate) fn wait_readable_any(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<u64> {
+    let mut pfds: Vec<libc::pollfd> =
+        fds.iter().take(64).map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
     let ts = timeout.map(|t| libc::timespec {
         tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
         tv_nsec: t.subsec_nanos() as libc::c_long,
     });
     let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: pfds is a valid array of N pollfds for the duration of the call; tsp is null
-    // or points to a live timespec; the signal mask pointer is null (keep the current one).
-    let r = unsafe { libc::ppoll(pfds.as_mut_ptr(), N as libc::nfds_t, tsp, std::ptr::null()) };
+    // SAFETY: pfds is a valid array of pollfds for the duration of the call; tsp is null or
+    // points to a live timespec; the signal mask pointer is null (keep the current one).
+    let r = unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, tsp, std::ptr::null()) };
     if r < 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::Interrupted {
-            return Ok([false; N]);
+            return Ok(0);
         }
         return Err(e);
     }
-    Ok(pfds.map(|p| p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0))
+    let mut mask = 0u64;
+    for (i, p) in pfds.iter().enumerate() {
+        if p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0 {
+            mask |= 1 << i;
+        }
+    }
+    Ok(mask)
 }
 
 /// A socket address in the form the kernel takes.
@@ -144,9 +158,15 @@ fn from_storage(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
 /// shorter) that the kernel splits (UDP generic segmentation offload).
 pub(crate) struct OutMsg {
     pub(crate) dst: RawAddr,
+    /// The destination, as given.
+    pub(crate) to: SocketAddr,
+    /// The local address to send from (it picks the socket).
+    pub(crate) src: SocketAddr,
+    /// The IP TOS byte (DSCP and ECN); 0 leaves the socket's default.
+    pub(crate) tos: u8,
     pub(crate) iov: Vec<libc::iovec>,
     pub(crate) gso: Option<u16>,
-    control: [u64; 4],
+    control: [u64; 8],
 }
 
 // SAFETY: the iovecs are plain addresses, dereferenced only by the kernel during a send
@@ -160,8 +180,16 @@ impl std::fmt::Debug for OutMsg {
 }
 
 impl OutMsg {
-    pub(crate) fn new(dst: SocketAddr) -> OutMsg {
-        OutMsg { dst: RawAddr::new(dst), iov: Vec::with_capacity(8), gso: None, control: [0; 4] }
+    pub(crate) fn new(src: SocketAddr, dst: SocketAddr, tos: u8) -> OutMsg {
+        OutMsg {
+            dst: RawAddr::new(dst),
+            to: dst,
+            src,
+            tos,
+            iov: Vec::with_capacity(8),
+            gso: None,
+            control: [0; 8],
+        }
     }
 }
 
@@ -195,20 +223,37 @@ pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> Sent {
             h.msg_namelen = m.dst.len;
             h.msg_iov = m.iov.as_mut_ptr();
             h.msg_iovlen = m.iov.len() as _;
-            if let Some(size) = m.gso {
-                let space = std::mem::size_of_val(&m.control);
+            if m.gso.is_some() || m.tos != 0 {
                 h.msg_control = m.control.as_mut_ptr().cast();
-                h.msg_controllen = space as _;
-                // SAFETY: the control buffer is 32 aligned bytes, room for one cmsghdr with
-                // a u16; CMSG_FIRSTHDR returns a pointer inside it.
+                h.msg_controllen = std::mem::size_of_val(&m.control) as _;
+                let mut used = 0;
+                // SAFETY: the control buffer is 64 aligned bytes, room for two cmsghdrs with
+                // an int each (24 bytes each); CMSG_FIRSTHDR/CMSG_NXTHDR return pointers
+                // inside it while msg_controllen covers the whole buffer.
                 unsafe {
-                    let c = libc::CMSG_FIRSTHDR(&h);
-                    (*c).cmsg_level = libc::SOL_UDP;
-                    (*c).cmsg_type = UDP_SEGMENT;
-                    (*c).cmsg_len = libc::CMSG_LEN(2) as _;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size);
-                    h.msg_controllen = libc::CMSG_SPACE(2) as _;
+                    let mut c = libc::CMSG_FIRSTHDR(&h);
+                    if let Some(size) = m.gso {
+                        (*c).cmsg_level = libc::SOL_UDP;
+                        (*c).cmsg_type = UDP_SEGMENT;
+                        (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+                        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size);
+                        used += libc::CMSG_SPACE(2) as usize;
+                        c = libc::CMSG_NXTHDR(&h, c);
+                    }
+                    if m.tos != 0 && !c.is_null() {
+                        let (level, ty) = if m.to.is_ipv4() {
+                            (libc::IPPROTO_IP, libc::IP_TOS)
+                        } else {
+                            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
+                        };
+                        (*c).cmsg_level = level;
+                        (*c).cmsg_type = ty;
+                        (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+                        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), m.tos.into());
+                        used += libc::CMSG_SPACE(4) as usize;
+                    }
                 }
+                h.msg_controllen = used as _;
             }
             libc::mmsghdr { msg_hdr: h, msg_len: 0 }
         })
@@ -238,18 +283,7 @@ pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> Sent {
 
 /// Turns on UDP GRO for a socket; false if the kernel has none.
 pub(crate) fn enable_gro(fd: RawFd) -> bool {
-    let one: libc::c_int = 1;
-    // SAFETY: passes a pointer to a live c_int and its size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_UDP,
-            UDP_GRO,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    r == 0
+    setsockopt_int(fd, libc::SOL_UDP, UDP_GRO, 1)
 }
 
 /// A batch of receive buffers for `recvmmsg`, each large enough for a GRO train. The
@@ -259,12 +293,24 @@ pub(crate) struct RecvBatch {
     bufs: Vec<u8>,
     slot: usize,
     addrs: Vec<libc::sockaddr_storage>,
-    controls: Vec<[u64; 8]>,
+    controls: Vec<[u64; 16]>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
     lens: Vec<usize>,
     segs: Vec<usize>,
+    meta: Vec<Ancillary>,
     count: usize,
+}
+
+/// What the control messages of a received datagram said.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Ancillary {
+    /// GRO segment size.
+    pub(crate) gro: Option<usize>,
+    /// The IP header's destination address (`IP_PKTINFO`, `IPV6_PKTINFO`).
+    pub(crate) dst: Option<IpAddr>,
+    /// The IP TOS byte or IPv6 traffic class (`IP_RECVTOS`, `IPV6_RECVTCLASS`).
+    pub(crate) tos: u8,
 }
 
 // SAFETY: the raw pointers in `iovs` and `hdrs` point only into this batch's own heap
@@ -278,11 +324,12 @@ impl RecvBatch {
             slot,
             // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
             addrs: vec![unsafe { std::mem::zeroed() }; n],
-            controls: vec![[0; 8]; n],
+            controls: vec![[0; 16]; n],
             iovs: Vec::with_capacity(n),
             hdrs: Vec::with_capacity(n),
             lens: vec![0; n],
             segs: vec![0; n],
+            meta: vec![Ancillary::default(); n],
             count: 0,
         };
         for i in 0..n {
@@ -305,7 +352,7 @@ impl RecvBatch {
     pub(crate) fn recv(&mut self, fd: RawFd) -> usize {
         for h in &mut self.hdrs {
             h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_hdr.msg_controllen = std::mem::size_of::<[u64; 8]>() as _;
+            h.msg_hdr.msg_controllen = std::mem::size_of::<[u64; 16]>() as _;
             h.msg_hdr.msg_flags = 0;
         }
         let n = self.hdrs.len();
@@ -327,37 +374,82 @@ impl RecvBatch {
             // it is counted as malformed.
             let truncated = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
             self.lens[i] = if truncated { 0 } else { h.msg_len as usize };
-            self.segs[i] = gro_size(&h.msg_hdr).unwrap_or(self.lens[i]);
+            let anc = ancillary(&h.msg_hdr);
+            self.segs[i] = anc.gro.unwrap_or(self.lens[i]);
+            self.meta[i] = anc;
         }
         self.count
     }
 
-    /// Datagram `i` of the last `recv`: its source and its segments (one, or the pieces of
-    /// a GRO train).
-    pub(crate) fn get(&self, i: usize) -> Option<(SocketAddr, std::slice::Chunks<'_, u8>)> {
+    /// Datagram `i` of the last `recv`: its source, its control messages and its segments
+    /// (one, or the pieces of a GRO train).
+    pub(crate) fn get(&self, i: usize) -> Option<(SocketAddr, Ancillary, std::slice::Chunks<'_, u8>)> {
         if i >= self.count {
             return None;
         }
         let src = from_storage(&self.addrs[i])?;
         let data = &self.bufs[i * self.slot..i * self.slot + self.lens[i]];
-        Some((src, data.chunks(self.segs[i].max(1))))
+        Some((src, self.meta[i], data.chunks(self.segs[i].max(1))))
     }
 }
 
-/// The segment size of a GRO train, from its control message.
-fn gro_size(h: &libc::msghdr) -> Option<usize> {
-    // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG macros walk within it.
+/// The GRO segment size, destination address and TOS from a datagram's control messages.
+fn ancillary(h: &libc::msghdr) -> Ancillary {
+    let mut a = Ancillary::default();
+    // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG macros walk within it,
+    // and each payload is read unaligned with the size its type says.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(h);
         while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
-                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
-                return (v > 0).then_some(v as usize);
+            let data = libc::CMSG_DATA(c);
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (libc::SOL_UDP, UDP_GRO) => {
+                    let v = std::ptr::read_unaligned(data.cast::<libc::c_int>());
+                    a.gro = (v > 0).then_some(v as usize);
+                }
+                (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                    let p = std::ptr::read_unaligned(data.cast::<libc::in_pktinfo>());
+                    a.dst = Some(IpAddr::V4(Ipv4Addr::from(p.ipi_addr.s_addr.to_ne_bytes())));
+                }
+                (libc::IPPROTO_IP, libc::IP_TOS) => a.tos = *data,
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                    let p = std::ptr::read_unaligned(data.cast::<libc::in6_pktinfo>());
+                    a.dst = Some(IpAddr::V6(Ipv6Addr::from(p.ipi6_addr.s6_addr)));
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                    a.tos = std::ptr::read_unaligned(data.cast::<libc::c_int>()) as u8;
+                }
+                _ => {}
             }
             c = libc::CMSG_NXTHDR(h, c);
         }
     }
-    None
+    a
+}
+
+/// Asks the kernel for each datagram's destination address and TOS byte.
+pub(crate) fn enable_recv_meta(fd: RawFd, ipv6: bool) -> bool {
+    let opts: [(libc::c_int, libc::c_int); 2] = if ipv6 {
+        [(libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO), (libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS)]
+    } else {
+        [(libc::IPPROTO_IP, libc::IP_PKTINFO), (libc::IPPROTO_IP, libc::IP_RECVTOS)]
+    };
+    opts.iter().all(|&(level, name)| setsockopt_int(fd, level, name, 1))
+}
+
+/// Sets an integer socket option; false if the kernel refused.
+pub(crate) fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> bool {
+    // SAFETY: passes a pointer to a live c_int and its size to setsockopt.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    r == 0
 }
 
 /// The IPv4-mapped form of an address, for comparing GIDs.
