@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
+use softrdma_proto::endpoint::Arrival;
 use softrdma_proto::memory::{Access, PdId};
 use softrdma_proto::qp::{QpType, RecvWr, SendFlags, SendOp, SendWr, Sge};
 use softrdma_proto::sim::{ConnectParams, Impairments, Sim};
@@ -43,7 +44,9 @@ fuzz_target!(|data: &[u8]| {
         let mut pkt = tail[..n].to_vec();
         rest = &tail[n..];
         if pkt.len() >= 12 {
-            // Address it to the QP under test and give it a valid ICRC.
+            // Address it to the QP under test, in the default partition, and give it a
+            // valid ICRC.
+            pkt[2..4].copy_from_slice(&[0xFF, 0xFF]);
             pkt[5..8].copy_from_slice(&qb.get().to_be_bytes()[1..]);
             pkt.extend_from_slice(&[0; ICRC_LEN]);
             let body = pkt.len() - ICRC_LEN;
@@ -51,7 +54,7 @@ fuzz_target!(|data: &[u8]| {
             pkt[body..].copy_from_slice(&crc.to_le_bytes());
         }
         let node = &mut sim.nodes[1];
-        node.endpoint.handle_datagram(now, from, &pkt, &mut node.mem);
+        node.endpoint.handle_datagram(now, Arrival::new(from, node.endpoint.local()), &pkt, &mut node.mem);
         for _ in 0..64 {
             let Some(t) = node.endpoint.poll_transmit(now, &mut buf, &node.mem) else { break };
             let _ = t.assemble(&buf, &node.mem);

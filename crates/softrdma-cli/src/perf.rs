@@ -620,6 +620,7 @@ impl<'a> Session<'a> {
                     addr: remote.addr,
                     qpn: softrdma::Qpn::new(remote.qpn),
                     qkey: QKEY,
+                    traffic_class: 0,
                 });
                 prepared.ready().inspect(|q| q.set_foreign_peer(self.args.foreign))
             } else {

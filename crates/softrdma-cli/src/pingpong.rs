@@ -293,6 +293,7 @@ fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
         addr: args.via.unwrap_or(theirs.addr),
         qpn: softrdma::Qpn::new(theirs.qpn),
         qkey: QKEY,
+        traffic_class: 0,
     });
     let client = args.host.is_some();
     let waiter = Waiter { cq: &cq, channel: channel.as_ref() };

@@ -44,6 +44,25 @@ pub struct EndpointStats {
     pub pkey_violations: u64,
 }
 
+/// How a datagram arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival {
+    /// The sender's address and UDP port.
+    pub src: SocketAddr,
+    /// The local address and port it was sent to: the device's, or another its link
+    /// receives on (a multicast group).
+    pub dst: SocketAddr,
+    /// The IP TOS byte or IPv6 traffic class (DSCP and ECN).
+    pub tos: u8,
+}
+
+impl Arrival {
+    /// A datagram from `src` to `dst` with TOS 0.
+    pub fn new(src: SocketAddr, dst: SocketAddr) -> Arrival {
+        Arrival { src, dst, tos: 0 }
+    }
+}
+
 /// A QP and the endpoint's bookkeeping for it.
 #[derive(Debug)]
 struct Slot {
@@ -170,16 +189,9 @@ impl Endpoint {
         self.qps.values().map(|s| &s.qp)
     }
 
-    /// Handles one datagram received from `src` on local address `dst` (the device's
-    /// address, or another address its link receives on).
-    pub fn handle_datagram(
-        &mut self,
-        now: Duration,
-        src: SocketAddr,
-        dst: SocketAddr,
-        bytes: &[u8],
-        mem: &mut dyn Memory,
-    ) {
+    /// Handles one datagram that arrived as `arrival` says.
+    pub fn handle_datagram(&mut self, now: Duration, arrival: Arrival, bytes: &[u8], mem: &mut dyn Memory) {
+        let Arrival { src, dst, tos } = arrival;
         self.stats.received += 1;
         let Some(encap) = icrc::Encap::new(src, dst) else {
             self.stats.malformed += 1;
@@ -215,7 +227,7 @@ impl Endpoint {
         }
         touch(&mut self.touched, qpn, slot);
         let srq = slot.qp.srq().and_then(|id| self.srqs.get_mut(&id.0));
-        slot.qp.handle_packet(now, src, &pkt, mem, srq);
+        slot.qp.handle_packet(now, src, tos, &pkt, mem, srq);
     }
 
     /// Brings the bookkeeping of every touched QP up to date: its deadline in the heap, its

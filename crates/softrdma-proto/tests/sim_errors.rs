@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use softrdma_proto::endpoint::Arrival;
 use softrdma_proto::memory::{Access, PdId};
 use softrdma_proto::qp::{
     ModifyError, PostError, QpAttr, QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
@@ -346,7 +347,12 @@ fn foreign_peers_are_checked_without_the_ipv4_identification() {
         p.post_recv(1, 64);
         let bytes = packet(&p);
         let node = &mut p.sim.nodes[1];
-        node.endpoint.handle_datagram(p.sim.now, Sim::addr_of(0), Sim::addr_of(1), &bytes, &mut node.mem);
+        node.endpoint.handle_datagram(
+            p.sim.now,
+            Arrival::new(Sim::addr_of(0), Sim::addr_of(1)),
+            &bytes,
+            &mut node.mem,
+        );
         let wc = node.endpoint.qp_mut(p.qb).unwrap().poll_recv_completion();
         if foreign {
             assert_eq!(wc.map(|w| (w.status, w.byte_len)), Some((WcStatus::Success, 5)));
@@ -354,7 +360,12 @@ fn foreign_peers_are_checked_without_the_ipv4_identification() {
             // One flipped bit is still caught.
             let mut bad = bytes.clone();
             bad[20] ^= 1;
-            node.endpoint.handle_datagram(p.sim.now, Sim::addr_of(0), Sim::addr_of(1), &bad, &mut node.mem);
+            node.endpoint.handle_datagram(
+                p.sim.now,
+                Arrival::new(Sim::addr_of(0), Sim::addr_of(1)),
+                &bad,
+                &mut node.mem,
+            );
             assert_eq!(node.endpoint.stats().icrc_errors, 1);
         } else {
             assert!(wc.is_none(), "a softrdma peer's packets must match with ID 0: all 32 bits");
@@ -385,7 +396,12 @@ fn pkey_mismatch_is_dropped_and_counted() {
     let recv = |p: &mut Pair, pkey, psn| {
         let bytes = packet(p, pkey, psn);
         let node = &mut p.sim.nodes[1];
-        node.endpoint.handle_datagram(p.sim.now, Sim::addr_of(0), Sim::addr_of(1), &bytes, &mut node.mem);
+        node.endpoint.handle_datagram(
+            p.sim.now,
+            Arrival::new(Sim::addr_of(0), Sim::addr_of(1)),
+            &bytes,
+            &mut node.mem,
+        );
         node.endpoint.qp_mut(p.qb).unwrap().poll_recv_completion()
     };
     // Another partition, a limited member of ours, and the invalid key 0.

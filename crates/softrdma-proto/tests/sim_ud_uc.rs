@@ -64,7 +64,7 @@ fn ud_send_lands_after_the_grh_area() {
         .unwrap()
         .post_recv(RecvWr { wr_id: 5, sg_list: vec![Sge { addr: BASE, length: 40 + 1024, lkey: lb }] })
         .unwrap();
-    let dest = UdDest { addr: Sim::addr_of(1), qpn: qb, qkey: QKEY };
+    let dest = UdDest { addr: Sim::addr_of(1), qpn: qb, qkey: QKEY, traffic_class: 0 };
     let wr = SendWr {
         wr_id: 6,
         op: SendOp::SendWithImm(0xFEED),
@@ -114,7 +114,7 @@ fn ud_wrong_qkey_is_dropped_and_short_buffer_is_a_length_error() {
         op: SendOp::Send,
         sg_list: vec![Sge { addr: BASE, length: len, lkey: la }],
         flags: SendFlags::default(),
-        ud: Some(UdDest { addr: Sim::addr_of(1), qpn: qb, qkey }),
+        ud: Some(UdDest { addr: Sim::addr_of(1), qpn: qb, qkey, traffic_class: 0 }),
     };
     let node = &mut sim.nodes[0];
     let qp_a = node.endpoint.qp_mut(qa).unwrap();

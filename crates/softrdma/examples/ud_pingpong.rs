@@ -39,7 +39,7 @@ fn side(
 
     tx.send(serde_json::to_string(&me).unwrap()).unwrap();
     let peer: EndpointInfo = serde_json::from_str(&rx.recv().unwrap()).unwrap();
-    let dest = UdDest { addr: peer.addr, qpn: Qpn::new(peer.qpn), qkey: QKEY };
+    let dest = UdDest { addr: peer.addr, qpn: Qpn::new(peer.qpn), qkey: QKEY, traffic_class: 0 };
 
     let send = |i: u32| {
         send_buf.write(0, &vec![i as u8; size]).unwrap();

@@ -148,7 +148,7 @@ impl Context {
 
     /// GID `index` of the port: index 0 is the device's address.
     pub fn query_gid(&self, index: u32) -> Option<[u8; 16]> {
-        (index == 0).then(|| self.inner.device.gid())
+        self.inner.gid(index)
     }
 }
 

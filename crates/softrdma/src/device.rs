@@ -185,6 +185,13 @@ impl ContextInner {
     }
 }
 
+impl ContextInner {
+    /// GID `index` of the port.
+    pub(crate) fn gid(&self, index: u32) -> Option<[u8; 16]> {
+        (index == 0).then(|| self.device.gid())
+    }
+}
+
 impl Drop for ContextInner {
     fn drop(&mut self) {
         self.engine.stop();

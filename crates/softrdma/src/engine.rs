@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use softrdma_proto::endpoint::{Endpoint, EndpointStats};
+use softrdma_proto::endpoint::{Arrival, Endpoint, EndpointStats};
 use softrdma_proto::memory::{Access, PdId};
 use softrdma_proto::qp::{QpAttr, QpConfig, QpState, QueuePair, RecvWr, SendWr, SrqId, WorkCompletion};
 use softrdma_proto::{Lkey, Qpn};
@@ -143,6 +143,10 @@ pub(crate) struct Engine {
     napping: AtomicBool,
 }
 
+/// The GSO train being built: ((destination, TOS), segment size, segments, bytes, still
+/// open).
+type Train = ((SocketAddr, u8), usize, usize, usize, bool);
+
 fn ns(d: Duration) -> u64 {
     d.as_nanos().min(u128::from(u64::MAX - 1)) as u64
 }
@@ -192,19 +196,24 @@ impl Engine {
 
     // ---- Queue pairs -------------------------------------------------------------------
 
-    /// Creates a QP in RESET whose completions go to `send` and `recv`.
+    /// Creates a QP in RESET whose completions go to `send` and `recv`; `setup` runs on
+    /// it first (settings that are not attributes, such as a UD QP's MTU).
     pub(crate) fn create_qp(
         &self,
         cfg: QpConfig,
-        send: Arc<dyn CompletionSink>,
-        recv: Arc<dyn CompletionSink>,
+        sinks: [Arc<dyn CompletionSink>; 2],
         max_qp: usize,
+        setup: impl FnOnce(&mut QueuePair),
     ) -> Result<Qpn> {
+        let [send, recv] = sinks;
         let mut core = self.lock();
         if core.endpoint.qp_count() >= max_qp {
             return Err(Error::Limit("max_qp"));
         }
         let qpn = core.endpoint.create_qp(cfg);
+        if let Some(qp) = core.endpoint.qp_mut(qpn) {
+            setup(qp);
+        }
         core.routes.insert(qpn.get(), Route { send, recv });
         Ok(qpn)
     }
@@ -418,8 +427,14 @@ impl Engine {
         let now = self.now();
         for _ in 0..8 {
             let Core { endpoint, mem, link, .. } = &mut *core;
-            let got =
-                link.recv(&mut |meta, bytes| endpoint.handle_datagram(now, meta.src, meta.dst, bytes, mem));
+            let got = link.recv(&mut |meta, bytes| {
+                endpoint.handle_datagram(
+                    now,
+                    Arrival { src: meta.src, dst: meta.dst, tos: meta.tos },
+                    bytes,
+                    mem,
+                )
+            });
             if got.datagrams > 0 {
                 self.io.recv_calls.fetch_add(1, Ordering::Relaxed);
                 self.io.packets_received.fetch_add(got.packets, Ordering::Relaxed);
@@ -444,8 +459,9 @@ impl Engine {
             let Core { endpoint, mem, slots, out: msgs, link, .. } = &mut *core;
             let gso = link.gso();
             msgs.clear();
-            // (destination, segment size, segments, bytes, still open) of the last message.
-            let mut train: Option<(SocketAddr, usize, usize, usize, bool)> = None;
+            // ((destination, TOS), segment size, segments, bytes, still open) of the last
+            // message.
+            let mut train: Option<Train> = None;
             for slot in slots.chunks_exact_mut(SLOT) {
                 let (head, rest) = slot.split_at_mut(HEAD);
                 let (tail, bounce) = rest.split_at_mut(TAIL);
@@ -454,10 +470,10 @@ impl Engine {
                 let joins = gso
                     && !t.alone
                     && matches!(train, Some((dst, size, segs, bytes, true))
-                        if dst == t.dst && len <= size && segs < GSO_MAX_SEGS && bytes + len <= GSO_MAX_BYTES);
+                        if dst == (t.dst, t.tos) && len <= size && segs < GSO_MAX_SEGS && bytes + len <= GSO_MAX_BYTES);
                 if !joins {
-                    msgs.push(OutMsg::new(local, t.dst, 0));
-                    train = Some((t.dst, len, 0, 0, !t.alone));
+                    msgs.push(OutMsg::new(local, t.dst, t.tos));
+                    train = Some(((t.dst, t.tos), len, 0, 0, !t.alone));
                 }
                 let (Some(msg), Some(tr)) = (msgs.last_mut(), train.as_mut()) else { break };
                 tr.2 += 1;

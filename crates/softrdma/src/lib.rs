@@ -29,6 +29,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod ah;
 mod context;
 mod cq;
 mod device;
@@ -40,6 +41,7 @@ mod pd;
 mod qp;
 mod sys;
 
+pub use ah::{AddressHandle, AhAttr};
 pub use context::Context;
 pub use cq::{CompletionChannel, CompletionQueue, NextCompletion, EMPTY_WC};
 pub use device::{

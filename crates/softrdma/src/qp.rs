@@ -235,7 +235,10 @@ impl ProtectionDomain {
             sq_sig_all: b.sq_sig_all,
             srq: b.srq,
         };
-        let qpn = engine.create_qp(cfg, send_cq.shared.clone(), recv_cq.shared.clone(), MAX_QP as usize)?;
+        let mtu = self.ctx.device.active_mtu();
+        let sinks: [Arc<dyn crate::engine::CompletionSink>; 2] =
+            [send_cq.shared.clone(), recv_cq.shared.clone()];
+        let qpn = engine.create_qp(cfg, sinks, MAX_QP as usize, |qp| qp.set_ud_mtu(mtu))?;
         Ok(QueuePair {
             ctx: self.ctx.clone(),
             qpn,
@@ -401,19 +404,14 @@ impl QueuePair {
     }
 
     /// Changes state and attributes (`ibv_modify_qp`): the attributes set are the mask.
-    /// A UD QP's path MTU is the port's active MTU; access flags are checked
+    /// Access flags are checked
     /// bit by bit as `ibv_reg_mr` checks them. On error nothing changes.
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
         let mut attr = *attr;
         if let Some(a) = attr.access_flags {
             attr.access_flags = Some(check_access_bits(a)?);
         }
-        let ud_mtu = (self.qp_type == QpType::Ud).then(|| self.ctx.device.active_mtu());
-        self.ctx.engine.modify_qp(self.qpn, &attr, |qp| {
-            if let Some(mtu) = ud_mtu {
-                qp.set_ud_mtu(mtu);
-            }
-        })
+        self.ctx.engine.modify_qp(self.qpn, &attr, |_| {})
     }
 
     /// [`Self::modify`] with the attributes and the `ibv_qp_attr_mask` apart, as the C

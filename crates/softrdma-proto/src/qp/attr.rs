@@ -92,6 +92,8 @@ pub struct QpAttr {
     pub path_mtu: Option<Mtu>,
     /// The peer's address (IP and UDP port): the address vector (RC, UC).
     pub remote: Option<SocketAddr>,
+    /// The address vector's traffic class (IP TOS byte); part of the AV attribute.
+    pub traffic_class: Option<u8>,
     /// The peer's QP (RC, UC).
     pub dest_qpn: Option<Qpn>,
     /// First PSN expected from the peer.
@@ -188,7 +190,7 @@ impl QpAttr {
             (self.access_flags.is_some(), QpAttrMask::ACCESS_FLAGS),
             (self.qkey.is_some(), QpAttrMask::QKEY),
             (self.path_mtu.is_some(), QpAttrMask::PATH_MTU),
-            (self.remote.is_some(), QpAttrMask::AV),
+            (self.remote.is_some() || self.traffic_class.is_some(), QpAttrMask::AV),
             (self.dest_qpn.is_some(), QpAttrMask::DEST_QPN),
             (self.rq_psn.is_some(), QpAttrMask::RQ_PSN),
             (self.sq_psn.is_some(), QpAttrMask::SQ_PSN),
@@ -232,6 +234,7 @@ impl QpAttr {
             qkey: self.qkey.filter(|_| pick(QpAttrMask::QKEY)),
             path_mtu: self.path_mtu.filter(|_| pick(QpAttrMask::PATH_MTU)),
             remote: self.remote.filter(|_| pick(QpAttrMask::AV)),
+            traffic_class: self.traffic_class.filter(|_| pick(QpAttrMask::AV)),
             dest_qpn: self.dest_qpn.filter(|_| pick(QpAttrMask::DEST_QPN)),
             rq_psn: self.rq_psn.filter(|_| pick(QpAttrMask::RQ_PSN)),
             sq_psn: self.sq_psn.filter(|_| pick(QpAttrMask::SQ_PSN)),
@@ -365,7 +368,7 @@ impl QpAttr {
         set(self.access_flags.is_some(), Mask::ACCESS, &mut m);
         set(self.qkey.is_some(), Mask::QKEY, &mut m);
         set(self.path_mtu.is_some(), Mask::MTU, &mut m);
-        set(self.remote.is_some(), Mask::AV, &mut m);
+        set(self.remote.is_some() || self.traffic_class.is_some(), Mask::AV, &mut m);
         set(self.dest_qpn.is_some(), Mask::DEST_QPN, &mut m);
         set(self.rq_psn.is_some(), Mask::RQ_PSN, &mut m);
         set(self.sq_psn.is_some(), Mask::SQ_PSN, &mut m);
@@ -421,6 +424,10 @@ pub(crate) fn check_transition(
         (Rts, Sqd) | (Sqd, Sqd) => (Mask::EMPTY, Mask::EMPTY),
         _ => return Err(ModifyError::InvalidTransition { qp_type, from, to }),
     };
+    if attr.traffic_class.is_some() && attr.remote.is_none() {
+        // An address vector is a whole: its traffic class alone names no peer.
+        return Err(ModifyError::Missing("remote"));
+    }
     let given = attr.mask();
     let missing = Mask(required.0 & !given.0);
     if missing.0 != 0 {

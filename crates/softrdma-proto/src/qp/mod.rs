@@ -146,6 +146,9 @@ pub struct Transmit {
     /// Send this datagram on its own (not in a GSO train): its peer checks the ICRC
     /// against the Identification the kernel writes, which is 0 only for single sends.
     pub alone: bool,
+    /// The IP TOS byte (traffic class: DSCP and ECN) to send with; the ICRC does not
+    /// cover it.
+    pub tos: u8,
 }
 
 impl Transmit {
@@ -244,6 +247,8 @@ pub struct QueuePair {
     qkey: Qkey,
     mtu: Mtu,
     remote: Option<SocketAddr>,
+    /// The address vector's traffic class.
+    traffic_class: u8,
     dest_qpn: Qpn,
     max_rd_atomic: u8,
     max_dest_rd_atomic: u8,
@@ -285,6 +290,7 @@ impl QueuePair {
             qkey: Qkey(0),
             mtu: Mtu::Mtu1024,
             remote: None,
+            traffic_class: 0,
             dest_qpn: Qpn::new(0),
             max_rd_atomic: 0,
             max_dest_rd_atomic: 0,
@@ -381,6 +387,9 @@ impl QueuePair {
         if let Some(r) = attr.remote {
             self.remote = Some(r);
         }
+        if let Some(t) = attr.traffic_class {
+            self.traffic_class = t;
+        }
         if let Some(d) = attr.dest_qpn {
             self.dest_qpn = d;
         }
@@ -443,6 +452,7 @@ impl QueuePair {
             qkey: (!connected).then_some(self.qkey),
             path_mtu: Some(self.mtu),
             remote: if connected { self.remote } else { None },
+            traffic_class: connected.then_some(self.traffic_class),
             dest_qpn: connected.then_some(self.dest_qpn),
             rq_psn: connected.then_some(self.resp.expected_psn()),
             sq_psn: Some(self.req.next_psn),
@@ -576,12 +586,15 @@ impl QueuePair {
         self.requester_timeout(now);
     }
 
-    /// Handles a packet addressed to this QP that passed the ICRC check, from `src`. `srq`
-    /// is the QP's shared receive queue, if it has one.
+    /// Handles a packet addressed to this QP that passed the ICRC check, from `src`, that
+    /// arrived with IP TOS byte `tos`. `srq` is the QP's shared receive queue, if it has
+    /// one.
+    #[allow(clippy::too_many_arguments)]
     pub fn handle_packet(
         &mut self,
         now: Duration,
         src: SocketAddr,
+        tos: u8,
         pkt: &Packet<&[u8]>,
         mem: &mut dyn Memory,
         mut srq: Option<&mut Srq>,
@@ -607,7 +620,7 @@ impl QueuePair {
                 self.stats.dropped += 1;
                 return;
             }
-            self.handle_request(now, src, pkt, mem, &mut srq);
+            self.handle_request(now, src, tos, pkt, mem, &mut srq);
         } else if self.state != QpState::Rtr {
             self.handle_response(now, pkt, mem);
         }
@@ -710,6 +723,7 @@ impl QueuePair {
             tail,
             tail_len: pad + ICRC_LEN,
             alone: self.foreign_peer,
+            tos: self.traffic_class,
         })
     }
 

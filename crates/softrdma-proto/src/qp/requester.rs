@@ -244,7 +244,10 @@ impl QueuePair {
         let head_len = Self::emit_head(&repr, buf, inline)?;
         let pad = usize::from(crate::wire::pad_count(payload_len));
         let tx = match self.finish_packet(dst, &buf[..head_len], payload, pad, mem) {
-            Ok(t) => t,
+            Ok(t) => match self.sq[i].ud {
+                Some(ud) => Transmit { tos: ud.traffic_class, ..t },
+                None => t,
+            },
             Err(_) => {
                 // The memory vanished or shrank under a posted WR.
                 self.sq[i].done = Some(WcStatus::LocProtErr);

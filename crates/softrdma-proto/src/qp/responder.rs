@@ -116,12 +116,13 @@ impl QueuePair {
         &mut self,
         _now: Duration,
         src: SocketAddr,
+        tos: u8,
         pkt: &Packet<&[u8]>,
         mem: &mut dyn Memory,
         srq: RecvSource<'_, '_>,
     ) {
         match self.cfg.qp_type {
-            QpType::Ud => self.ud_receive(src, pkt, mem, srq),
+            QpType::Ud => self.ud_receive(src, tos, pkt, mem, srq),
             QpType::Uc => self.uc_receive(src, pkt, mem, srq),
             QpType::Rc => self.rc_receive(src, pkt, mem, srq),
         }
@@ -457,6 +458,7 @@ impl QueuePair {
     fn ud_receive(
         &mut self,
         src: SocketAddr,
+        tos: u8,
         pkt: &Packet<&[u8]>,
         mem: &mut dyn Memory,
         srq: RecvSource<'_, '_>,
@@ -485,7 +487,7 @@ impl QueuePair {
             self.recv_cq.push_back(wc);
             return;
         }
-        let grh = grh_area(src.ip(), self.cfg.local.ip(), pkt.as_bytes().len());
+        let grh = grh_area(src.ip(), self.cfg.local.ip(), tos, pkt.as_bytes().len());
         let pd = self.cfg.pd;
         if scatter(mem, pd, &wqe.sgl, 0, &grh).and_then(|_| scatter(mem, pd, &wqe.sgl, 40, data)).is_err() {
             wc.status = WcStatus::LocProtErr;
@@ -583,9 +585,9 @@ impl Kind {
 
 /// The 40 bytes a UD receive buffer starts with: the IPv6 header, or for IPv4 twenty zero
 /// bytes and the IPv4 header. A socket does not show the real header, so it is rebuilt from
-/// what is known (addresses, lengths; TTL 64, DF, ID 0), with a valid IPv4 checksum, which
+/// what is known (addresses, TOS, lengths; TTL 64, DF, ID 0), with a valid IPv4 checksum, which
 /// is what consumers such as `ib_get_rdma_header_version` look at.
-fn grh_area(src: IpAddr, dst: IpAddr, udp_payload_len: usize) -> [u8; 40] {
+fn grh_area(src: IpAddr, dst: IpAddr, tos: u8, udp_payload_len: usize) -> [u8; 40] {
     use crate::wire::ip::{Ipv4Repr, Ipv6Repr, PROTO_UDP};
     let mut g = [0u8; 40];
     let udp_len = 8 + udp_payload_len;
@@ -594,7 +596,7 @@ fn grh_area(src: IpAddr, dst: IpAddr, udp_payload_len: usize) -> [u8; 40] {
             let h = Ipv4Repr {
                 src: s,
                 dst: d,
-                tos: 0,
+                tos,
                 ident: 0,
                 dont_fragment: true,
                 more_fragments: false,
@@ -616,7 +618,7 @@ fn grh_area(src: IpAddr, dst: IpAddr, udp_payload_len: usize) -> [u8; 40] {
             let h = Ipv6Repr {
                 src: v6(s),
                 dst: v6(d),
-                traffic_class: 0,
+                traffic_class: tos,
                 flow_label: 0,
                 payload_len: udp_len as u16,
                 next_header: PROTO_UDP,

@@ -113,6 +113,8 @@ pub struct UdDest {
     pub qpn: Qpn,
     /// The Q_Key to put in the DETH.
     pub qkey: Qkey,
+    /// The traffic class (IP TOS byte: DSCP and ECN) the datagram carries.
+    pub traffic_class: u8,
 }
 
 /// A send work request.

@@ -19,7 +19,7 @@ pub use network::{Datagram, Impairments, NetStats, Network};
 pub use rng::Rng;
 pub use workload::{run_workload, WorkloadConfig, WorkloadReport};
 
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Arrival, Endpoint};
 use crate::memory::{Access, PdId};
 use crate::qp::{Mtu, QpAttr, QpCaps, QpConfig, QpState, QpType, SrqId};
 use crate::wire::ROCEV2_PORT;
@@ -105,7 +105,7 @@ impl Sim {
         while let Some(d) = self.net.poll(self.now) {
             busy = true;
             if let Some(node) = self.nodes.iter_mut().find(|n| n.endpoint.local() == d.to) {
-                node.endpoint.handle_datagram(self.now, d.from, d.to, &d.bytes, &mut node.mem);
+                node.endpoint.handle_datagram(self.now, Arrival::new(d.from, d.to), &d.bytes, &mut node.mem);
             }
         }
         for node in &mut self.nodes {
