@@ -33,7 +33,8 @@
 
 use core::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 
-use super::packet::ICRC_LEN;
+/// Length of the invariant CRC that ends every packet.
+pub const ICRC_LEN: usize = 4;
 
 /// The IP and UDP fields that an ICRC covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -36,10 +36,11 @@ pub use bth::{pkey_match, Bth, BthRepr, DEFAULT_PKEY};
 pub use cnp::Cnp;
 pub use deth::{Deth, DethRepr};
 pub use feth::{Feth, FethRepr};
+pub use icrc::ICRC_LEN;
 pub use ieth::{Ieth, IethRepr};
 pub use immdt::{ImmDt, ImmDtRepr};
 pub use opcode::{HeaderKind, HeaderSet, Opcode, Operation, PayloadRule, Position, Transport};
-pub use packet::{pad_count, ExtHeaders, Packet, PacketRepr, ICRC_LEN};
+pub use packet::{pad_count, ExtHeaders, Packet, PacketRepr};
 pub use reth::{Reth, RethRepr};
 
 /// The UDP destination port of RoCEv2.

@@ -12,13 +12,10 @@
 //! business).
 
 use super::{
-    check_len, icrc, Aeth, AethRepr, AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, Bth, BthRepr,
-    Cnp, Deth, DethRepr, Error, Feth, FethRepr, HeaderKind, Ieth, IethRepr, ImmDt, ImmDtRepr, Opcode,
-    PayloadRule, Result, Reth, RethRepr,
+    check_len, icrc, icrc::ICRC_LEN, Aeth, AethRepr, AtomicAckEth, AtomicAckEthRepr, AtomicEth,
+    AtomicEthRepr, Bth, BthRepr, Cnp, Deth, DethRepr, Error, Feth, FethRepr, HeaderKind, Ieth, IethRepr,
+    ImmDt, ImmDtRepr, Opcode, PayloadRule, Result, Reth, RethRepr,
 };
-
-/// Length of the invariant CRC that ends every packet.
-pub const ICRC_LEN: usize = 4;
 
 /// The PadCnt for a payload of `len` bytes: the bytes needed to reach a multiple of 4.
 pub const fn pad_count(len: usize) -> u8 {
