@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod capture;
 mod decode;
+mod exchange;
 mod memserver;
 mod perf;
 mod pingpong;

@@ -7,10 +7,12 @@
 //! the region's CRC-32 and length, so that a test can check what landed without a verbs
 //! call.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::net::IpAddr;
 
 use softrdma::{Access, ConnectOptions, Context, EndpointInfo, QpBuilder};
+
+use crate::exchange;
 
 /// Arguments of `softrdma memserver`.
 #[derive(Debug, clap::Args)]
@@ -47,20 +49,12 @@ fn serve(args: &MemServerArgs) -> Result<(), String> {
     mr.write(0, &pattern).map_err(|e| e.to_string())?;
     let prepared = pd.prepare_qp(&QpBuilder::rc().access(access), &cq, &cq).map_err(|e| e.to_string())?;
     let mine = EndpointInfo { region: Some(mr.remote()), ..prepared.endpoint() };
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{}", serde_json::to_string(&mine).map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
-    out.flush().map_err(|e| e.to_string())?;
-    let stdin = std::io::stdin();
-    let mut line = String::new();
-    stdin.lock().read_line(&mut line).map_err(|e| e.to_string())?;
-    let theirs: EndpointInfo = serde_json::from_str(line.trim()).map_err(|e| format!("bad endpoint: {e}"))?;
+    let theirs: EndpointInfo = exchange::stdio_swap(&mine).map_err(|e| e.about("bad endpoint"))?;
     let _qp = prepared.handshake(&theirs, &ConnectOptions::default()).map_err(|e| e.to_string())?;
     // Passive from here on: no verbs call until the peer is done.
-    let mut rest = String::new();
-    while stdin.lock().read_line(&mut rest).map_err(|e| e.to_string())? > 0 {}
+    exchange::wait_for_stdin_close().map_err(|e| e.to_string())?;
     let bytes = mr.to_vec();
-    writeln!(out, "{{\"crc32\":{},\"len\":{}}}", crc32fast::hash(&bytes), bytes.len())
+    writeln!(std::io::stdout(), "{{\"crc32\":{},\"len\":{}}}", crc32fast::hash(&bytes), bytes.len())
         .map_err(|e| e.to_string())?;
     Ok(())
 }

@@ -7,8 +7,8 @@
 //! every byte of every message is checked. Results are printed as `ibv_rc_pingpong` prints
 //! them; any error exits 1.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::io::{BufReader, Write};
+use std::net::{IpAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use softrdma::{
@@ -16,6 +16,8 @@ use softrdma::{
     Qkey, QpBuilder, QpCaps, QueuePair, RecvWr, SendFlags, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
     WorkCompletion,
 };
+
+use crate::exchange;
 
 /// The Q_Key of the UD ping-pong (as `ibv_ud_pingpong`).
 const QKEY: Qkey = Qkey(0x1111_1111);
@@ -108,45 +110,25 @@ fn exchange(
     mine: &EndpointInfo,
     connect: impl FnOnce(&EndpointInfo) -> Result<(), Failure>,
 ) -> Result<EndpointInfo, Failure> {
-    let line = serde_json::to_string(mine).map_err(|e| e.to_string())? + "\n";
-    let stream = match &args.host {
-        Some(host) => {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                match TcpStream::connect((host.as_str(), args.port)) {
-                    Ok(s) => break s,
-                    Err(e) if Instant::now() > deadline => {
-                        return Err(format!("cannot reach {host}:{}: {e}", args.port))
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
-                }
-            }
-        }
-        None => {
-            let l = TcpListener::bind(("0.0.0.0", args.port))
-                .map_err(|e| format!("TCP port {}: {e}", args.port))?;
-            l.accept().map_err(|e| e.to_string())?.0
-        }
-    };
+    let stream = exchange::connect_or_accept(args.host.as_deref(), args.port, Duration::from_secs(10))?;
     stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
     if args.ibv {
         return ibv_exchange(args, stream, mine, connect);
     }
     let mut w = stream.try_clone().map_err(|e| e.to_string())?;
     let mut r = BufReader::new(stream);
-    let mut text = String::new();
-    let parse = |t: &str| serde_json::from_str(t.trim()).map_err(|e| format!("bad endpoint from peer: {e}"));
+    let mut recv = || -> Result<EndpointInfo, Failure> {
+        exchange::recv_line(&mut r, exchange::MAX_LINE).map_err(|e| e.about("bad endpoint from peer"))
+    };
     if args.host.is_some() {
-        w.write_all(line.as_bytes()).map_err(|e| e.to_string())?;
-        r.read_line(&mut text).map_err(|e| e.to_string())?;
-        let theirs = parse(&text)?;
+        exchange::send_line(&mut w, mine)?;
+        let theirs = recv()?;
         connect(&theirs)?;
         Ok(theirs)
     } else {
-        r.read_line(&mut text).map_err(|e| e.to_string())?;
-        let theirs = parse(&text)?;
+        let theirs = recv()?;
         connect(&theirs)?;
-        w.write_all(line.as_bytes()).map_err(|e| e.to_string())?;
+        exchange::send_line(&mut w, mine)?;
         Ok(theirs)
     }
 }

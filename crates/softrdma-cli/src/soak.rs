@@ -14,7 +14,7 @@
 //! status-errors=S ...`; any error exits 1.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Write};
+use std::io::BufReader;
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +27,7 @@ use softrdma::{
 };
 use softrdma_proto::sim::{Impairments, Rng};
 
+use crate::exchange;
 use crate::relay::Relay;
 
 /// Arguments of `softrdma soak`.
@@ -180,18 +181,13 @@ fn passive(args: &SoakArgs) -> Result<bool, String> {
             .map_err(|e| e.to_string())?;
     }
     let mine = EndpointInfo { region: Some(mr.remote()), ..prepared.endpoint() };
-    println!("{}", serde_json::to_string(&mine).map_err(|e| e.to_string())?);
-    let stdin = std::io::stdin();
-    let mut line = String::new();
-    stdin.lock().read_line(&mut line).map_err(|e| e.to_string())?;
-    let theirs: EndpointInfo = serde_json::from_str(line.trim()).map_err(|e| e.to_string())?;
+    let theirs: EndpointInfo = exchange::stdio_swap(&mine).map_err(|e| e.to_string())?;
     let qp = prepared.handshake(&theirs, &opts()).map_err(|e| e.to_string())?;
     // Watch stdin for the end on another thread.
     let done = Arc::new(AtomicBool::new(false));
     let d2 = done.clone();
     std::thread::spawn(move || {
-        let mut rest = String::new();
-        while std::io::stdin().lock().read_line(&mut rest).map(|n| n > 0).unwrap_or(false) {}
+        let _ = exchange::wait_for_stdin_close();
         d2.store(true, Ordering::Relaxed);
     });
     let (mut received, mut data_errors, mut status_errors) = (0u64, 0u64, 0u64);
@@ -270,10 +266,8 @@ fn active(args: &SoakArgs) -> Result<bool, String> {
         .map_err(|e| e.to_string())?;
     let mut child_in = child.stdin.take().ok_or("no stdin")?;
     let mut child_out = BufReader::new(child.stdout.take().ok_or("no stdout")?);
-    let mut line = String::new();
-    child_out.read_line(&mut line).map_err(|e| e.to_string())?;
     let passive: EndpointInfo =
-        serde_json::from_str(line.trim()).map_err(|e| format!("passive side: {e}"))?;
+        exchange::recv_line(&mut child_out, exchange::MAX_LINE).map_err(|e| e.about("passive side"))?;
     let region = passive.region.ok_or("passive side offers no region")?;
 
     let ctx = Context::open_port(IpAddr::from(ACTIVE_IP), 0).map_err(|e| e.to_string())?;
@@ -302,22 +296,20 @@ fn active(args: &SoakArgs) -> Result<bool, String> {
 
     // Each side's peer is the relay's side facing it.
     let for_passive = EndpointInfo { addr: a_side, ..mine };
-    writeln!(child_in, "{}", serde_json::to_string(&for_passive).map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
+    exchange::send_line(&mut child_in, &for_passive)?;
     let qp =
         prepared.handshake(&EndpointInfo { addr: b_side, ..passive }, &opts()).map_err(|e| e.to_string())?;
     let start = Instant::now();
     let r = drive(args, &qp, &cq, &mr, region, slot, start);
     drop(child_in);
-    let mut report = String::new();
-    let _ = child_out.read_line(&mut report);
+    let report: serde_json::Value =
+        exchange::recv_line(&mut child_out, exchange::MAX_LINE).unwrap_or_default();
     let _ = child.wait();
     stop.store(true, Ordering::Relaxed);
     let relay_stats = relay_thread.join().map_err(|_| "relay thread failed")?;
     let (ops, mut data_errors, mut status_errors) = r?;
-    let v: serde_json::Value = serde_json::from_str(report.trim()).unwrap_or_default();
-    data_errors += v["data_errors"].as_u64().unwrap_or(1);
-    status_errors += v["status_errors"].as_u64().unwrap_or(1);
+    data_errors += report["data_errors"].as_u64().unwrap_or(1);
+    status_errors += report["status_errors"].as_u64().unwrap_or(1);
     let q = qp.stats();
     println!(
         "relay: received={} repatched={} {}",
@@ -329,7 +321,7 @@ fn active(args: &SoakArgs) -> Result<bool, String> {
     );
     println!(
         "ops={ops} data-errors={data_errors} status-errors={status_errors} passive-received={} elapsed={:.1}s",
-        v["received"].as_u64().unwrap_or(0),
+        report["received"].as_u64().unwrap_or(0),
         start.elapsed().as_secs_f64()
     );
     Ok(data_errors + status_errors == 0)

@@ -3,8 +3,9 @@
 //! greps) like a real RDMA stack's.
 //!
 //! They never open a [`softrdma::Context`]: that binds the device's UDP port, which another
-//! process may hold. Everything is computed from [`Device`] and the limits the library
-//! exports, the same values `Context::query_device` and `query_port` return.
+//! process may hold. They only render what the library's [`Device::attr`],
+//! [`Device::port_attr`] and [`Device::gids`] return — the same values
+//! `Context::query_device`, `query_port` and `query_gid` give.
 //!
 //! Identity values, chosen so that no tool mistakes a softrdma device for real hardware
 //! (perftest, for one, changes behaviour on known vendor and part IDs):
@@ -69,20 +70,8 @@ pub struct StatArgs {
 #[derive(Debug, clap::Args)]
 pub struct LinkArgs {}
 
-/// IB MTU 4096, the `ibv_mtu` enum's largest.
-const MAX_MTU: softrdma::Mtu = softrdma::Mtu::Mtu4096;
-/// Largest memory region, as `Context::query_device` reports it.
-const MAX_MR_SIZE: u64 = 1 << 40;
-/// CQs, PDs, SRQs and address handles have no limit of their own; the QP limit is reported.
-const MAX_OBJECTS: u32 = softrdma::MAX_QP;
-/// `IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN`.
-const DEVICE_CAP_FLAGS: u32 = (1 << 10) | (1 << 11) | (1 << 12);
 const DEVICE_CAP_NAMES: [(u32, &str); 3] =
     [(1 << 10, "PORT_ACTIVE_EVENT"), (1 << 11, "SYS_IMAGE_GUID"), (1 << 12, "RC_RNR_NAK_GEN")];
-/// IsIPBasedGIDs (bit 26).
-const PORT_CAP_FLAGS: u32 = 1 << 26;
-/// Responder ACK delay code (4.096 µs × 2^n), what rxe reports.
-const LOCAL_CA_ACK_DELAY: u8 = 15;
 
 /// What `ibv_query_device` would say.
 #[derive(Debug, Serialize)]
@@ -124,42 +113,45 @@ struct Limits {
 }
 
 impl Limits {
-    fn new() -> Limits {
-        let rd_atom = u32::from(softrdma::MAX_QP_RD_ATOM);
+    fn of(a: &softrdma::DeviceAttr) -> Limits {
         Limits {
-            max_mr_size: MAX_MR_SIZE,
-            page_size_cap: 0xffff_f000,
-            max_qp: softrdma::MAX_QP,
-            max_qp_wr: softrdma::MAX_QP_WR,
-            device_cap_flags: DEVICE_CAP_FLAGS,
-            max_sge: softrdma::MAX_SGE,
-            max_sge_rd: softrdma::MAX_SGE,
-            max_cq: MAX_OBJECTS,
-            max_cqe: softrdma::MAX_CQE as u32,
-            max_mr: softrdma::MAX_MR,
-            max_pd: MAX_OBJECTS,
-            max_qp_rd_atom: rd_atom,
-            max_ee_rd_atom: 0,
-            max_res_rd_atom: rd_atom.saturating_mul(softrdma::MAX_QP),
-            max_qp_init_rd_atom: rd_atom,
-            max_ee_init_rd_atom: 0,
-            atomic_cap: "ATOMIC_HCA",
-            max_ee: 0,
-            max_rdd: 0,
-            max_mw: 0,
-            max_raw_ipv6_qp: 0,
-            max_raw_ethy_qp: 0,
-            max_mcast_grp: 0,
-            max_mcast_qp_attach: 0,
-            max_total_mcast_qp_attach: 0,
-            max_ah: MAX_OBJECTS,
-            max_fmr: 0,
-            max_srq: MAX_OBJECTS,
-            max_srq_wr: softrdma::MAX_QP_WR,
-            max_srq_sge: softrdma::MAX_SGE,
-            max_pkeys: 1,
-            local_ca_ack_delay: LOCAL_CA_ACK_DELAY,
-            max_inline_data: softrdma::MAX_INLINE,
+            max_mr_size: a.max_mr_size,
+            page_size_cap: a.page_size_cap,
+            max_qp: a.max_qp,
+            max_qp_wr: a.max_qp_wr,
+            device_cap_flags: a.device_cap_flags,
+            max_sge: a.max_sge,
+            max_sge_rd: a.max_sge_rd,
+            max_cq: a.max_cq,
+            max_cqe: a.max_cqe,
+            max_mr: a.max_mr,
+            max_pd: a.max_pd,
+            max_qp_rd_atom: a.max_qp_rd_atom,
+            max_ee_rd_atom: a.max_ee_rd_atom,
+            max_res_rd_atom: a.max_res_rd_atom,
+            max_qp_init_rd_atom: a.max_qp_init_rd_atom,
+            max_ee_init_rd_atom: a.max_ee_init_rd_atom,
+            atomic_cap: match a.atomic_cap {
+                softrdma::AtomicCap::None => "ATOMIC_NONE",
+                softrdma::AtomicCap::Hca => "ATOMIC_HCA",
+                softrdma::AtomicCap::Glob => "ATOMIC_GLOB",
+            },
+            max_ee: a.max_ee,
+            max_rdd: a.max_rdd,
+            max_mw: a.max_mw,
+            max_raw_ipv6_qp: a.max_raw_ipv6_qp,
+            max_raw_ethy_qp: a.max_raw_ethy_qp,
+            max_mcast_grp: a.max_mcast_grp,
+            max_mcast_qp_attach: a.max_mcast_qp_attach,
+            max_total_mcast_qp_attach: a.max_total_mcast_qp_attach,
+            max_ah: a.max_ah,
+            max_fmr: a.max_fmr,
+            max_srq: a.max_srq,
+            max_srq_wr: a.max_srq_wr,
+            max_srq_sge: a.max_srq_sge,
+            max_pkeys: u32::from(a.max_pkeys),
+            local_ca_ack_delay: a.local_ca_ack_delay,
+            max_inline_data: a.max_inline_data,
             num_comp_vectors: 1,
         }
     }
@@ -235,65 +227,30 @@ struct Info {
     up: bool,
 }
 
-/// Link width and speed: the enum values of `ibv_port_attr` and the `ibstat` rate.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct LinkSpeed {
-    width: u8,
-    speed: u16,
-    rate: f64,
+/// `ibv_port_attr`'s active width as `ibv_devinfo` prints it (before the `X`).
+fn width_str(width: u8) -> &'static str {
+    match width {
+        1 => "1",
+        2 => "4",
+        4 => "8",
+        8 => "12",
+        16 => "2",
+        _ => "invalid width",
+    }
 }
 
-impl LinkSpeed {
-    /// The kernel's mapping of an Ethernet speed in Mb/s to IB width and speed
-    /// (`ib_get_eth_speed`, without lane information).
-    fn from_mbps(mbps: u32) -> LinkSpeed {
-        let (width, speed, rate) = match mbps {
-            0..=1_000 => (1, 1, 2.5),            // 1X SDR
-            1_001..=10_000 => (1, 8, 10.0),      // 1X FDR10
-            10_001..=20_000 => (2, 2, 20.0),     // 4X DDR
-            20_001..=25_000 => (1, 32, 25.0),    // 1X EDR
-            25_001..=40_000 => (2, 8, 40.0),     // 4X FDR10
-            40_001..=50_000 => (16, 32, 50.0),   // 2X EDR
-            50_001..=100_000 => (2, 32, 100.0),  // 4X EDR
-            100_001..=200_000 => (2, 64, 200.0), // 4X HDR
-            _ => (2, 128, 400.0),                // 4X NDR
-        };
-        LinkSpeed { width, speed, rate }
-    }
-
-    /// From the interface's speed in sysfs; 1000 Mb/s when it has none.
-    fn of_netdev(netdev: &str) -> LinkSpeed {
-        let mbps = std::fs::read_to_string(format!("/sys/class/net/{netdev}/speed"))
-            .ok()
-            .and_then(|s| s.trim().parse::<i64>().ok())
-            .filter(|&s| s > 0)
-            .map_or(1_000, |s| u32::try_from(s).unwrap_or(u32::MAX));
-        LinkSpeed::from_mbps(mbps)
-    }
-
-    fn width_str(self) -> &'static str {
-        match self.width {
-            1 => "1",
-            2 => "4",
-            4 => "8",
-            8 => "12",
-            16 => "2",
-            _ => "invalid width",
-        }
-    }
-
-    fn speed_str(self) -> &'static str {
-        match self.speed {
-            1 => "2.5 Gbps",
-            2 => "5.0 Gbps",
-            4 | 8 => "10.0 Gbps",
-            16 => "14.0 Gbps",
-            32 => "25.0 Gbps",
-            64 => "50.0 Gbps",
-            128 => "100.0 Gbps",
-            256 => "200.0 Gbps",
-            _ => "invalid speed",
-        }
+/// `ibv_port_attr`'s active speed as `ibv_devinfo` prints it.
+fn speed_str(speed: u16) -> &'static str {
+    match speed {
+        1 => "2.5 Gbps",
+        2 => "5.0 Gbps",
+        4 | 8 => "10.0 Gbps",
+        16 => "14.0 Gbps",
+        32 => "25.0 Gbps",
+        64 => "50.0 Gbps",
+        128 => "100.0 Gbps",
+        256 => "200.0 Gbps",
+        _ => "invalid speed",
     }
 }
 
@@ -310,41 +267,47 @@ fn guid_str(guid: u64) -> String {
 
 impl Info {
     fn of(d: &Device) -> Info {
-        let gid = d.gid();
-        let link = LinkSpeed::of_netdev(&d.netdev);
+        let a = d.attr();
+        let p = d.port_attr();
+        let gid = d.gids.first().map_or([0; 16], |g| g.gid);
         let port_guid = u64::from_be_bytes(gid[8..].try_into().unwrap_or_default());
+        let active = p.state == softrdma::PortState::Active;
         let port = Port {
             port: 1,
-            state: if d.up { "PORT_ACTIVE" } else { "PORT_DOWN" },
-            state_num: if d.up { 4 } else { 1 },
-            max_mtu: MAX_MTU.bytes(),
-            max_mtu_num: MAX_MTU as u8,
-            active_mtu: d.active_mtu().bytes(),
-            active_mtu_num: d.active_mtu() as u8,
-            sm_lid: 0,
-            port_lid: 0,
-            port_lmc: 0,
+            state: if active { "PORT_ACTIVE" } else { "PORT_DOWN" },
+            state_num: p.state as u8,
+            max_mtu: p.max_mtu.bytes(),
+            max_mtu_num: p.max_mtu as u8,
+            active_mtu: p.active_mtu.bytes(),
+            active_mtu_num: p.active_mtu as u8,
+            sm_lid: p.sm_lid,
+            port_lid: p.lid,
+            port_lmc: p.lmc,
             link_layer: "Ethernet",
-            max_msg_sz: softrdma::proto::qp::MAX_MESSAGE,
-            port_cap_flags: PORT_CAP_FLAGS,
-            port_cap_flags2: 0,
-            max_vl_num: 1,
-            bad_pkey_cntr: 0,
-            qkey_viol_cntr: 0,
-            sm_sl: 0,
-            pkey_tbl_len: 1,
-            gid_tbl_len: 1,
-            subnet_timeout: 0,
-            init_type_reply: 0,
-            active_width: link.width_str(),
-            active_width_num: link.width,
-            active_speed: link.speed_str(),
-            active_speed_num: link.speed,
-            rate: link.rate,
-            phys_state: if d.up { "LINK_UP" } else { "DISABLED" },
-            phys_state_num: if d.up { 5 } else { 3 },
+            max_msg_sz: p.max_msg_sz,
+            port_cap_flags: p.port_cap_flags,
+            port_cap_flags2: p.port_cap_flags2,
+            max_vl_num: p.max_vl_num,
+            bad_pkey_cntr: p.bad_pkey_cntr,
+            qkey_viol_cntr: p.qkey_viol_cntr,
+            sm_sl: p.sm_sl,
+            pkey_tbl_len: p.pkey_tbl_len,
+            gid_tbl_len: p.gid_tbl_len,
+            subnet_timeout: p.subnet_timeout,
+            init_type_reply: p.init_type_reply,
+            active_width: width_str(p.active_width),
+            active_width_num: p.active_width,
+            active_speed: speed_str(p.active_speed),
+            active_speed_num: p.active_speed,
+            rate: p.rate_gbps,
+            phys_state: if p.phys_state == 5 { "LINK_UP" } else { "DISABLED" },
+            phys_state_num: p.phys_state,
             port_guid: format!("0x{port_guid:016x}"),
-            gids: vec![Gid { index: 0, gid: Ipv6Addr::from(gid).to_string(), kind: "RoCE v2" }],
+            gids: d
+                .gids
+                .iter()
+                .map(|g| Gid { index: g.index, gid: Ipv6Addr::from(g.gid).to_string(), kind: "RoCE v2" })
+                .collect(),
         };
         Info {
             hca_id: d.name.clone(),
@@ -353,16 +316,16 @@ impl Info {
             transport: "InfiniBand",
             transport_num: 0,
             fw_ver: env!("CARGO_PKG_VERSION"),
-            node_guid: guid_str(d.node_guid),
-            sys_image_guid: guid_str(d.node_guid),
-            vendor_id: 0,
-            vendor_part_id: 0,
-            hw_ver: 0,
-            phys_port_cnt: 1,
-            limits: Limits::new(),
+            node_guid: guid_str(a.node_guid),
+            sys_image_guid: guid_str(a.sys_image_guid),
+            vendor_id: a.vendor_id,
+            vendor_part_id: a.vendor_part_id,
+            hw_ver: a.hw_ver,
+            phys_port_cnt: a.phys_port_cnt,
+            limits: Limits::of(&a),
             ports: vec![port],
-            guid: d.node_guid,
-            up: d.up,
+            guid: a.node_guid,
+            up: active,
         }
     }
 
@@ -657,10 +620,8 @@ mod tests {
     }
 
     #[test]
-    fn eth_speed_mapping() {
-        assert_eq!(LinkSpeed::from_mbps(1000).rate, 2.5);
-        assert_eq!(LinkSpeed::from_mbps(10_000).speed_str(), "10.0 Gbps");
-        assert_eq!(LinkSpeed::from_mbps(25_000).rate, 25.0);
-        assert_eq!(LinkSpeed::from_mbps(100_000).width_str(), "4");
+    fn width_and_speed_names() {
+        assert_eq!((width_str(2), width_str(16), width_str(3)), ("4", "2", "invalid width"));
+        assert_eq!((speed_str(8), speed_str(32)), ("10.0 Gbps", "25.0 Gbps"));
     }
 }

@@ -71,7 +71,18 @@ fn devinfo_verbose_has_limits_and_gids() {
     assert_eq!(field(&out, "max_qp_rd_atom"), softrdma::MAX_QP_RD_ATOM.to_string());
     assert_eq!(field(&out, "atomic_cap"), "ATOMIC_HCA (1)");
     assert_eq!(field(&out, "phys_state"), "LINK_UP (5)");
-    assert_eq!(field(&out, "gid_tbl_len"), "1");
+    // The GID table holds lo's addresses, IPv4 first; SOFTRDMA_GIDS adds more.
+    let gids = out.lines().filter(|l| l.contains("GID[")).count();
+    assert!(gids >= 1);
+    assert_eq!(field(&out, "gid_tbl_len"), gids.to_string());
+    let more = std::process::Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(["devinfo", "-d", "srdma_lo", "-v"])
+        .env("SOFTRDMA_GIDS", "127.0.0.2,127.0.0.3")
+        .output()
+        .unwrap();
+    let more = String::from_utf8_lossy(&more.stdout);
+    assert_eq!(field(&more, "gid_tbl_len"), (gids + 2).to_string(), "{more}");
+    assert!(more.contains(&format!("\t\t\tGID[{:3}]:\t\t::ffff:127.0.0.3, RoCE v2\n", gids + 1)), "{more}");
     // The port lines stay after the device's.
     assert!(out.find("max_qp:").unwrap() < out.find("\t\tport:\t1").unwrap());
 }

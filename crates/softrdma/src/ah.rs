@@ -21,8 +21,9 @@ use crate::{Error, Result};
 pub struct AhAttr {
     /// The destination GID.
     pub dgid: [u8; 16],
-    /// The source GID index on this port.
-    pub sgid_index: u8,
+    /// The source GID index on this port; `None` for the GID the context bound. A context
+    /// sends from the one address it bound, so another index is refused.
+    pub sgid_index: Option<u8>,
     /// The flow label (20 bits).
     pub flow_label: u32,
     /// The hop limit (TTL).
@@ -41,7 +42,7 @@ impl AhAttr {
     pub fn to(addr: IpAddr) -> AhAttr {
         AhAttr {
             dgid: crate::device::gid_of(addr),
-            sgid_index: 0,
+            sgid_index: None,
             flow_label: 0,
             hop_limit: 64,
             traffic_class: 0,
@@ -89,14 +90,21 @@ impl AddressHandle {
 
 impl ProtectionDomain {
     /// Creates an address handle (`ibv_create_ah`). The port must be 1, the source GID
-    /// index must exist, the flow label must fit 20 bits, and the destination GID must be
+    /// index (if given) must be the context's, the flow label must fit 20 bits, and the destination GID must be
     /// an address of the device's family (IPv4-mapped for an IPv4 device).
     pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
         if attr.port_num != 1 {
             return Err(Error::InvalidArgument("address handle port_num must be 1"));
         }
-        if self.ctx.gid(u32::from(attr.sgid_index)).is_none() {
-            return Err(Error::InvalidArgument("address handle sgid_index is not in the GID table"));
+        if let Some(k) = attr.sgid_index {
+            if self.ctx.gid(u32::from(k)).is_none() {
+                return Err(Error::InvalidArgument("address handle sgid_index is not in the GID table"));
+            }
+            if u32::from(k) != self.ctx.device.gid_index {
+                return Err(Error::InvalidArgument(
+                    "address handle sgid_index names a GID this context did not bind (open the device with it)",
+                ));
+            }
         }
         if attr.flow_label >= 1 << 20 {
             return Err(Error::InvalidArgument("flow label above 20 bits"));

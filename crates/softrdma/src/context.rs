@@ -10,13 +10,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use softrdma_proto::memory::PdId;
-use softrdma_proto::qp::Mtu;
 
 use crate::cq::{CompletionChannel, CompletionQueue};
-use crate::device::{
-    default_port, find_device, ContextInner, Device, DeviceAttr, PortAttr, MAX_CQE, MAX_MR, MAX_QP,
-    MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE,
-};
+use crate::device::{default_port, find_device, ContextInner, Device, DeviceAttr, GidEntry, PortAttr};
 use crate::engine::{AsyncEvent, Engine};
 use crate::link::{Link, MemoryNetwork, UdpLink};
 use crate::pd::ProtectionDomain;
@@ -43,6 +39,13 @@ impl Context {
     pub fn open_name(name_or_addr: &str) -> Result<Context> {
         let d = find_device(name_or_addr)?;
         Context::open_device(d, default_port())
+    }
+
+    /// Opens a device found by name or address, binding its GID `gid_index` (what
+    /// perftest's `-x` and the pingpongs' `-g` choose), on UDP `port` (0 picks one).
+    pub fn open_gid(name_or_addr: &str, gid_index: u32, port: u16) -> Result<Context> {
+        let d = find_device(name_or_addr)?.with_gid(gid_index)?;
+        Context::open_device(d, port)
     }
 
     /// Opens the device of `addr`, binding UDP `port` (0 picks a free port).
@@ -127,17 +130,9 @@ impl Context {
 }
 
 impl Context {
-    /// The port's attributes (the only port, number 1).
+    /// The port's attributes (`ibv_query_port`; the only port, number 1).
     pub fn query_port(&self) -> PortAttr {
-        let d = &self.inner.device;
-        PortAttr {
-            active: d.up,
-            max_mtu: Mtu::Mtu4096,
-            active_mtu: d.active_mtu(),
-            lid: 0,
-            gid_tbl_len: 1,
-            pkey_tbl_len: 1,
-        }
+        self.inner.device.port_attr()
     }
 
     /// P_Key `index` of the port (`ibv_query_pkey`): index 0 is 0xFFFF, the default
@@ -153,19 +148,13 @@ impl Context {
 }
 
 impl Context {
-    /// The device's attributes.
+    /// The device's attributes (`ibv_query_device`).
     pub fn query_device(&self) -> DeviceAttr {
-        DeviceAttr {
-            node_guid: self.inner.device.node_guid,
-            max_mr_size: 1 << 40,
-            max_qp: MAX_QP,
-            max_qp_wr: MAX_QP_WR,
-            max_sge: MAX_SGE,
-            max_cqe: MAX_CQE as u32,
-            max_mr: MAX_MR,
-            max_qp_rd_atom: MAX_QP_RD_ATOM,
-            max_qp_init_rd_atom: MAX_QP_RD_ATOM,
-            phys_port_cnt: 1,
-        }
+        self.inner.device.attr()
+    }
+
+    /// The port's GID table (`ibv_query_gid_table`).
+    pub fn gid_table(&self) -> &[GidEntry] {
+        &self.inner.device.gids
     }
 }

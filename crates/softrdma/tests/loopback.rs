@@ -258,8 +258,23 @@ fn devices_are_listed_and_loopback_addresses_open() {
     assert!(lo.up);
     assert_eq!(softrdma::addr_of_gid(lo.gid()), lo.addr);
     assert_eq!(lo.gid()[10..12], [0xFF, 0xFF]);
+    // One device per interface: lo's addresses are GIDs of srdma_lo, not devices.
+    assert_eq!(devs.iter().filter(|d| d.netdev == "lo").count(), 1);
+    assert_eq!(lo.gids[0].addr, lo.addr);
+    assert!(lo.gids.iter().all(|g| softrdma::addr_of_gid(g.gid) == g.addr));
+    assert_eq!(lo.port_attr().gid_tbl_len as usize, lo.gids.len());
+    // An address lo routes but does not list joins its GID table, and is what opens.
     let d = softrdma::find_device("127.0.0.77").unwrap();
-    assert_eq!(d.netdev, "lo");
+    assert_eq!((d.name.as_str(), d.netdev.as_str()), ("srdma_lo", "lo"));
+    assert_eq!(d.gids[d.gid_index as usize].addr, IpAddr::from([127, 0, 0, 77]));
+    assert_eq!(d.addr, IpAddr::from([127, 0, 0, 77]));
+    let ctx = Context::open_port(IpAddr::from([127, 0, 0, 77]), 0).unwrap();
+    assert_eq!(ctx.local_addr().ip(), IpAddr::from([127, 0, 0, 77]));
+    assert_eq!(ctx.query_gid(d.gid_index), Some(softrdma::gid_of(d.addr)));
+    // By name and GID index.
+    let v4 = Context::open_gid("srdma_lo", 0, 0).unwrap();
+    assert_eq!(v4.local_addr().ip(), IpAddr::from([127, 0, 0, 1]));
+    assert!(Context::open_gid("srdma_lo", 999, 0).is_err());
     assert!(matches!(softrdma::find_device("198.51.100.7"), Err(softrdma::Error::NoSuchDevice(_))));
     assert!(matches!(softrdma::find_device("srdma_nope"), Err(softrdma::Error::UnknownDevice(_))));
 }

@@ -303,7 +303,8 @@ fn address_handles_from_attributes_and_from_a_completion() {
     let to_b = AhAttr { traffic_class: 0x48, ..AhAttr::to_socket(cb.local_addr()) };
     for bad in [
         AhAttr { port_num: 2, ..to_b },
-        AhAttr { sgid_index: 9, ..to_b },
+        AhAttr { sgid_index: Some(9), ..to_b },
+        AhAttr { sgid_index: Some(0), ..to_b },
         AhAttr { flow_label: 1 << 20, ..to_b },
         AhAttr { dgid: [0; 16], ..to_b },
         AhAttr::to("::1".parse().unwrap()),

@@ -105,6 +105,19 @@ pub(crate) fn find(addr: IpAddr) -> io::Result<Option<InterfaceAddr>> {
     Ok(None)
 }
 
+/// The interface's link speed in Mb/s from sysfs; `None` when it reports none (loopback,
+/// most virtual NICs).
+pub(crate) fn speed_mbps(name: &str) -> Option<u32> {
+    if name.contains('/') || name.starts_with('.') {
+        return None;
+    }
+    std::fs::read_to_string(format!("/sys/class/net/{name}/speed"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i64>().ok())
+        .filter(|&s| s > 0)
+        .map(|s| u32::try_from(s).unwrap_or(u32::MAX))
+}
+
 /// A stable 64-bit node GUID for a device, returned as the big-endian value of its 8 wire
 /// bytes (so `guid.to_be_bytes()` is the GUID as it appears in packets and in `ibv_devinfo`).
 ///

@@ -1,0 +1,204 @@
+//! perftest's TCP exchange: the version string, cycle buffer, cache line and MTU, the
+//! 108-byte key message of each QP, the barriers, the BW report's five fields, and `done`.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::time::Duration;
+
+use softrdma::{EndpointInfo, Mtu, RemoteRegion};
+
+use super::args::{PerfArgs, Test};
+use super::run::Measured;
+use super::setup::Session;
+use super::{Fail, CYCLE_BUFFER};
+use crate::exchange;
+
+const VERSION: &[u8; 16] = b"6.06\0\0\0\0\0\0\0\0\0\0\0\0";
+
+impl Session<'_> {
+    /// perftest's exchange: version, cycle buffer, cache line, MTU, then the QP message.
+    pub(super) fn exchange(&mut self) -> Result<TcpStream, Fail> {
+        let args = self.args;
+        let mut s = connect(args)?;
+        let mtu_enum =
+            [256u32, 512, 1024, 2048, 4096].iter().position(|&m| m == self.mine[0].mtu).map_or(3, |p| p + 1);
+        let mut msgs: Vec<Vec<u8>> = vec![
+            VERSION.to_vec(),
+            (CYCLE_BUFFER as u32).to_be_bytes().to_vec(),
+            64u32.to_be_bytes().to_vec(),
+        ];
+        msgs.push(vec![b'0' + mtu_enum as u8, 0]);
+        let mut theirs_mtu = mtu_enum;
+        for (i, m) in msgs.iter().enumerate() {
+            let got = swap(&mut s, self.client, m)?;
+            if i == 0 && !got.starts_with(b"6.") {
+                return Err("the peer is not a perftest-compatible benchmark".into());
+            }
+            if i == 3 {
+                theirs_mtu = usize::from(got[0].saturating_sub(b'0'));
+            }
+        }
+        let mtu = [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096]
+            .get(mtu_enum.min(theirs_mtu).clamp(1, 5) - 1)
+            .copied();
+        // One message per QP, in order: the peer's i-th QP is the partner of our i-th.
+        for mine in &self.mine {
+            let theirs = parse_key_message(&swap(&mut s, self.client, &key_message(mine))?)?;
+            self.theirs.push(EndpointInfo {
+                addr: SocketAddr::new(theirs.0, softrdma::default_port()),
+                qpn: theirs.1,
+                psn: theirs.2,
+                mtu: mtu.map_or(1024, |m| m.bytes()),
+                region: Some(RemoteRegion { addr: theirs.4, len: u64::MAX, rkey: theirs.3 }),
+            });
+        }
+        self.connect_qps(mtu)?;
+        // perftest repeats the first message as a barrier once all QPs are ready, and once
+        // more except in the one-sided BW tests.
+        swap(&mut s, self.client, &self.key())?;
+        if self.args.test.is_send() || !self.args.test.is_bw() {
+            swap(&mut s, self.client, &self.key())?;
+        }
+        Ok(s)
+    }
+
+    /// The message of our first QP, which perftest swaps as a barrier.
+    fn key(&self) -> Vec<u8> {
+        key_message(&self.mine[0])
+    }
+
+    /// perftest's barrier before each run: the first QP's message again.
+    pub(super) fn barrier(&self, stream: &mut TcpStream) -> Result<(), Fail> {
+        swap(stream, self.client, &self.key()).map(drop)
+    }
+
+    /// perftest's goodbye: the message once more, then "done" from the server first; its
+    /// write_lat just closes the connection.
+    pub(super) fn goodbye(&self, stream: &mut TcpStream) -> Result<(), Fail> {
+        if self.args.test != Test::WriteLat {
+            swap(stream, self.client, &self.key())?;
+            swap(stream, !self.client, b"done\0")?;
+        }
+        Ok(())
+    }
+
+    /// perftest's BW report after each run: a barrier, then five 8-byte big-endian fields
+    /// (size, iterations, peak MiB/s, average MiB/s, message rate in Mpps), each sent by the
+    /// client and answered by the server. Returns the client's numbers on both sides.
+    pub(super) fn report(&self, stream: &mut TcpStream, size: usize, m: Measured) -> Result<Measured, Fail> {
+        swap(stream, self.client, &self.key())?;
+        const MIB: f64 = 1_048_576.0;
+        let rate = if size == 0 { 0.0 } else { m.bw_avg / size as f64 / 1e6 };
+        let mine: [u64; 5] = if self.client {
+            [size as u64, m.iters, (m.bw_peak / MIB).to_bits(), (m.bw_avg / MIB).to_bits(), rate.to_bits()]
+        } else {
+            [0; 5]
+        };
+        let mut got = [0u64; 5];
+        for (g, v) in got.iter_mut().zip(mine) {
+            let b = swap(stream, self.client, &v.to_be_bytes())?;
+            *g = u64::from_be_bytes(b.try_into().map_err(|_| "short report")?);
+        }
+        if self.client {
+            return Ok(m);
+        }
+        if got[0] != size as u64 {
+            return Err(format!("the client reported size {}, expected {size}", got[0]));
+        }
+        let f = |bits: u64| f64::from_bits(bits) * MIB;
+        Ok(Measured { iters: got[1], bw_peak: f(got[2]), bw_avg: f(got[3]), lat: Vec::new() })
+    }
+}
+
+/// The client connects to the server (which may not be listening yet); the server
+/// announces that it waits, as perftest does, and accepts.
+fn connect(args: &PerfArgs) -> Result<TcpStream, Fail> {
+    if args.host.is_none() && !args.json {
+        println!("\n************************************\n* Waiting for client to connect... *\n************************************");
+    }
+    exchange::connect_or_accept(args.host.as_deref(), args.port, Duration::from_secs(15))
+}
+
+/// Sends `msg` and receives the peer's message of the same length (the client speaks
+/// first).
+fn swap(s: &mut TcpStream, client: bool, msg: &[u8]) -> Result<Vec<u8>, Fail> {
+    let mut got = vec![0u8; msg.len()];
+    if client {
+        s.write_all(msg).map_err(|e| e.to_string())?;
+        s.read_exact(&mut got).map_err(|e| format!("exchange: {e}"))?;
+    } else {
+        s.read_exact(&mut got).map_err(|e| format!("exchange: {e}"))?;
+        s.write_all(msg).map_err(|e| e.to_string())?;
+    }
+    Ok(got)
+}
+
+/// perftest's RoCE QP message: `lid:out_reads:qpn:psn:rkey:vaddr:gid:srqn:` and a NUL, 108
+/// bytes.
+fn key_message(e: &EndpointInfo) -> Vec<u8> {
+    let r = e.region.unwrap_or(RemoteRegion { addr: 0, len: 0, rkey: 0 });
+    let gid: String = softrdma::gid_of(e.addr.ip()).iter().map(|b| format!("{b:02x}:")).collect();
+    let s = format!(
+        "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:{}{:08x}:",
+        0, 1, e.qpn, e.psn, r.rkey, r.addr, gid, 0
+    );
+    let mut v = s.into_bytes();
+    v.push(0);
+    v.resize(108, 0);
+    v
+}
+
+/// (address, qpn, psn, rkey, vaddr) of a key message.
+fn parse_key_message(m: &[u8]) -> Result<(IpAddr, u32, u32, u32, u64), Fail> {
+    let text = std::str::from_utf8(m.split(|&b| b == 0).next().unwrap_or(&[]))
+        .map_err(|_| "key message not text")?;
+    let f: Vec<&str> = text.split(':').collect();
+    if f.len() < 23 {
+        return Err(format!("malformed key message {text:?}"));
+    }
+    let hex = |s: &str| u64::from_str_radix(s, 16).map_err(|_| format!("bad field {s:?} in key message"));
+    let mut gid = [0u8; 16];
+    for (k, g) in gid.iter_mut().enumerate() {
+        *g = hex(f[6 + k])? as u8;
+    }
+    Ok((softrdma::addr_of_gid(gid), hex(f[2])? as u32, hex(f[3])? as u32, hex(f[4])? as u32, hex(f[5])?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bw_report_fields_are_perftests() {
+        // The five fields rxe's ib_write_bw client sent after its run of 100 x 64 bytes in
+        // testdata/rxe/write_bw_64.pcap (frames 226-234): size, iterations, then peak and
+        // average in MiB/s and the message rate in Mpps, as big-endian doubles.
+        let fields: [u64; 5] =
+            [0x40, 0x64, 0x3fc0_1117_9dd8_3cfc, 0x3fbf_e55b_80f1_519f, 0x3f60_b8ff_b930_e8d9];
+        let (peak, avg, rate) =
+            (f64::from_bits(fields[2]), f64::from_bits(fields[3]), f64::from_bits(fields[4]));
+        assert_eq!((fields[0], fields[1]), (64, 100));
+        assert!(peak >= avg);
+        // Average MiB/s and message rate describe the same run, which pins the units.
+        let from_rate = rate * 1e6 * 64.0 / 1_048_576.0;
+        assert!((from_rate - avg).abs() / avg < 0.01, "{from_rate} vs {avg}");
+    }
+
+    #[test]
+    fn key_message_matches_perftest_and_round_trips() {
+        let e = EndpointInfo {
+            addr: "192.168.77.10:4791".parse().unwrap(),
+            qpn: 0x21,
+            psn: 0x2c27a5,
+            mtu: 1024,
+            region: Some(RemoteRegion { addr: 0x562b6dc6d000, len: 64, rkey: 0x11e1 }),
+        };
+        let m = key_message(&e);
+        assert_eq!(m.len(), 108);
+        // The message rxe's ib_write_bw sent in testdata/rxe/write_bw_64.pcap.
+        let want = "0000:0001:000021:2c27a5:000011e1:0000562b6dc6d000:00:00:00:00:00:00:00:00:00:00:ff:ff:c0:a8:4d:0a:00000000:";
+        assert_eq!(&m[..want.len()], want.as_bytes());
+        assert_eq!(parse_key_message(&m).unwrap(), (e.addr.ip(), 0x21, 0x2c27a5, 0x11e1, 0x562b6dc6d000));
+        assert!(parse_key_message(b"garbage").is_err());
+    }
+}

@@ -1,0 +1,365 @@
+//! The run loops of the eight benchmarks, client and server side, and what they measure.
+
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use softrdma::{
+    QueuePair, RemoteRegion, Rkey, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use super::args::{Conn, Test};
+use super::setup::Session;
+use super::{Fail, CQ_MOD};
+
+/// The client's measurements for one size.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Default)]
+pub(super) struct Measured {
+    pub(super) iters: u64,
+    /// BW tests: bytes per second, average and peak.
+    pub(super) bw_avg: f64,
+    pub(super) bw_peak: f64,
+    /// Latency tests: microseconds.
+    pub(super) lat: Vec<f64>,
+}
+
+/// User and system CPU seconds of this process.
+pub(super) fn cpu_times() -> Option<(f64, f64)> {
+    // SAFETY: getrusage fills the rusage we pass; all-zero is a valid initial value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid pointer.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return None;
+    }
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    Some((t(ru.ru_utime), t(ru.ru_stime)))
+}
+
+impl Session<'_> {
+    /// Which of our QPs a completion belongs to.
+    fn lane(&self, wc: &WorkCompletion) -> Result<usize, Fail> {
+        self.qps.iter().position(|q| q.qpn() == wc.qp_num).ok_or_else(|| "completion of an unknown QP".into())
+    }
+
+    fn wait(&self) -> Result<WorkCompletion, Fail> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(wc) = self.cq.poll_one() {
+                if wc.status != WcStatus::Success {
+                    return Err(format!("completion with error: {:?} ({:?})", wc.status, wc.opcode));
+                }
+                return Ok(wc);
+            }
+            if Instant::now() > deadline {
+                return Err("timed out waiting for a completion".into());
+            }
+            if let Some(ch) = &self.channel {
+                self.cq.req_notify(false).map_err(|e| e.to_string())?;
+                if let Some(wc) = self.cq.poll_one() {
+                    return if wc.status == WcStatus::Success {
+                        Ok(wc)
+                    } else {
+                        Err(format!("{:?}", wc.status))
+                    };
+                }
+                // Bounded, so that a lost message ends the run with an error, not a hang.
+                if ch
+                    .get_event_timeout(deadline.saturating_duration_since(Instant::now()))
+                    .map_err(|e| e.to_string())?
+                    .is_some()
+                {
+                    ch.ack_events(1);
+                }
+            }
+        }
+    }
+
+    fn qp(&self, q: usize) -> Result<&QueuePair, Fail> {
+        self.qps.get(q).ok_or_else(|| "not connected".into())
+    }
+
+    fn op(&self, size: usize) -> SendOp {
+        let r = self.remote.unwrap_or(RemoteRegion { addr: 0, len: 0, rkey: 0 });
+        // The target the peer advertised (for softrdma, apart from the buffer it sends from).
+        let (remote_addr, rkey) = (r.addr, Rkey(r.rkey));
+        match self.args.test {
+            Test::SendLat | Test::SendBw => SendOp::Send,
+            Test::WriteLat | Test::WriteBw => SendOp::Write { remote_addr, rkey },
+            Test::ReadLat | Test::ReadBw => SendOp::Read { remote_addr, rkey },
+            Test::AtomicLat | Test::AtomicBw => {
+                let _ = size;
+                SendOp::FetchAdd { remote_addr, rkey, add: 1 }
+            }
+        }
+    }
+
+    fn wr(&self, q: usize, size: usize, wr_id: u64, signaled: bool) -> Result<SendWr, Fail> {
+        let sge = self.mr.sge(self.local, size).map_err(|e| e.to_string())?;
+        let one_sided_in =
+            matches!(self.args.test, Test::ReadLat | Test::ReadBw) || self.args.test.is_atomic();
+        let inline = (size as u32) <= self.args.inline && !one_sided_in;
+        let flags = SendFlags { signaled, inline, ..SendFlags::default() };
+        Ok(SendWr { wr_id, op: self.op(size), sg_list: vec![sge], flags, ud: self.ud_dests.get(q).copied() })
+    }
+
+    /// Posts on QP `q`.
+    fn post(&self, q: usize, size: usize, wr_id: u64, signaled: bool) -> Result<(), Fail> {
+        let wr = self.wr(q, size, wr_id, signaled)?;
+        self.qp(q)?.post_send(wr).map_err(|e| e.to_string())
+    }
+
+    fn iters(&self) -> u64 {
+        self.args.iters.unwrap_or(if self.args.test.is_bw() { 5000 } else { 1000 })
+    }
+
+    pub(super) fn run_client(&mut self, size: usize) -> Result<Measured, Fail> {
+        if self.args.test.is_bw() {
+            self.client_bw(size)
+        } else {
+            self.client_lat(size)
+        }
+    }
+
+    /// The bandwidth tests: every QP keeps up to `-t` WRs in flight and runs `-n` of them
+    /// (or posts until `-D` seconds are over).
+    fn client_bw(&mut self, size: usize) -> Result<Measured, Fail> {
+        let iters = self.iters();
+        let deadline = self.args.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
+        let depth = u64::from(self.args.tx_depth.max(1));
+        let nq = self.qps.len();
+        // Per QP: WRs posted, completed, and covered by a signaled WR.
+        let (mut posted, mut done, mut signaled_to) = (vec![0u64; nq], vec![0u64; nq], vec![0u64; nq]);
+        let mut marks = Vec::new();
+        let start = Instant::now();
+        loop {
+            let time_left = deadline.is_none_or(|t| Instant::now() < t);
+            let mut finished = true;
+            for q in 0..nq {
+                let more = time_left && (deadline.is_some() || posted[q] < iters);
+                // Post as many as the depth allows in one call (one system call for all).
+                let mut batch = Vec::new();
+                while more && posted[q] - done[q] < depth && (deadline.is_some() || posted[q] < iters) {
+                    // Signal every CQ_MOD-th WR, and the last one.
+                    let p = posted[q];
+                    let signaled = (p + 1) % CQ_MOD == 0 || (deadline.is_none() && p + 1 == iters);
+                    batch.push(self.wr(q, size, p, signaled)?);
+                    posted[q] += 1;
+                    if signaled {
+                        signaled_to[q] = posted[q];
+                    }
+                }
+                if !batch.is_empty() {
+                    self.qp(q)?.post_send_many(batch).map_err(|(_, e)| e.to_string())?;
+                }
+                if !more && signaled_to[q] < posted[q] {
+                    // The run ended off a CQ_MOD boundary: one signaled WR covers the rest.
+                    self.post(q, size, posted[q], true)?;
+                    posted[q] += 1;
+                    signaled_to[q] = posted[q];
+                }
+                finished &= !more && done[q] == posted[q];
+            }
+            if finished {
+                break;
+            }
+            let wc = self.wait()?;
+            let q = self.lane(&wc)?;
+            done[q] = done[q].max((wc.wr_id + 1).min(posted[q]));
+            marks.push((done.iter().sum(), start.elapsed().as_secs_f64()));
+        }
+        let total = start.elapsed().as_secs_f64();
+        let all: u64 = done.iter().sum();
+        let bytes = size as f64 * all as f64;
+        let peak = peak(&marks, size).max(bytes / total);
+        // perftest reports the iterations of one QP and the bandwidth of all.
+        Ok(Measured { iters: all / nq as u64, bw_avg: bytes / total, bw_peak: peak, lat: Vec::new() })
+    }
+
+    fn client_lat(&mut self, size: usize) -> Result<Measured, Fail> {
+        let iters = self.iters();
+        if self.args.test == Test::WriteLat {
+            // As perftest: the server writes first and the client answers; a round trip is
+            // the time between two arrivals.
+            let mut laps = Lap::default();
+            for i in 0..iters {
+                self.wait_mark(size, i)?;
+                laps.lap();
+                self.write_mark(size, i)?;
+            }
+            return Ok(Measured { iters, lat: laps.0, ..Measured::default() });
+        }
+        let mut lat = Vec::with_capacity(iters as usize);
+        for i in 0..iters {
+            let t = Instant::now();
+            if self.args.test == Test::SendLat {
+                self.post(0, size, i, true)?;
+                self.wait_kind(WcOpcode::Recv)?;
+                self.post_recv(0)?;
+                lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+            } else {
+                self.post(0, size, i, true)?;
+                self.wait()?;
+                lat.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        Ok(Measured { iters, bw_avg: 0.0, bw_peak: 0.0, lat })
+    }
+
+    /// Waits for a completion of `kind`, taking any others (our sends) on the way.
+    fn wait_kind(&self, kind: WcOpcode) -> Result<(), Fail> {
+        loop {
+            if self.wait()?.opcode == kind {
+                return Ok(());
+            }
+        }
+    }
+
+    /// write_lat: writes iteration `i` into the peer's buffer; its last byte changes last.
+    fn write_mark(&self, size: usize, i: u64) -> Result<(), Fail> {
+        let mut msg = vec![(i % 251) as u8; size.max(1)];
+        msg[size.max(1) - 1] = (i % 251) as u8 + 1;
+        self.mr.write(self.local, &msg[..size.max(1)]).map_err(|e| e.to_string())?;
+        self.post(0, size.max(1), i, true)?;
+        self.wait_kind(WcOpcode::RdmaWrite)
+    }
+
+    /// write_lat: spins on the last byte of our buffer until the peer's write `i` landed.
+    fn wait_mark(&self, size: usize, i: u64) -> Result<(), Fail> {
+        let local = self.local + self.buf + size.max(1) - 1;
+        let want = (i % 251) as u8 + 1;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut b = [0u8];
+        loop {
+            self.mr.read(local, &mut b).map_err(|e| e.to_string())?;
+            if b[0] == want {
+                return Ok(());
+            }
+            // Polling the CQ drives the engine, like a busy-polling perftest would.
+            let _ = self.cq.poll_one();
+            if Instant::now() > deadline {
+                return Err("timed out waiting for the peer's write".into());
+            }
+        }
+    }
+
+    pub(super) fn run_server(&mut self, size: usize, stream: &mut TcpStream) -> Result<Measured, Fail> {
+        let iters = self.iters();
+        match self.args.test {
+            // The server's latency is half the time between two arrivals (a round trip).
+            Test::SendLat => {
+                let mut lat = Lap::default();
+                for i in 0..iters {
+                    self.wait_kind(WcOpcode::Recv)?;
+                    lat.lap();
+                    self.post_recv(0)?;
+                    self.post(0, size, i, true)?;
+                }
+                return Ok(Measured { iters, lat: lat.0, ..Measured::default() });
+            }
+            Test::WriteLat => {
+                let mut lat = Lap::default();
+                for i in 0..iters {
+                    self.write_mark(size, i)?;
+                    self.wait_mark(size, i)?;
+                    lat.lap();
+                }
+                return Ok(Measured { iters, lat: lat.0, ..Measured::default() });
+            }
+            // RC delivers every message: count them (sleeping on the channel with -e).
+            Test::SendBw if self.args.duration.is_none() && self.args.connection == Conn::Rc => {
+                let mut got = Received::default();
+                while got.n < iters * self.qps.len() as u64 {
+                    let wc = self.wait()?;
+                    if wc.opcode == WcOpcode::Recv {
+                        got.one();
+                        self.post_recv(self.lane(&wc)?)?;
+                    }
+                }
+                return Ok(got.measured(size, self.qps.len()));
+            }
+            // A duration run, or UD, which drops what finds no receive posted: receive
+            // until the client's results arrive.
+            Test::SendBw => {
+                stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+                let mut peek = [0u8; 1];
+                let mut got = Received::default();
+                loop {
+                    if let Some(wc) = self.cq.poll_one() {
+                        if wc.opcode == WcOpcode::Recv {
+                            got.one();
+                            self.post_recv(self.lane(&wc)?)?;
+                        }
+                        continue;
+                    }
+                    match stream.peek(&mut peek) {
+                        Ok(_) => break, // the results, or the client gone (0)
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+                stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+                return Ok(got.measured(size, self.qps.len()));
+            }
+            // One-sided tests: the server has nothing to do; its progress thread answers.
+            _ => {}
+        }
+        Ok(Measured::default())
+    }
+}
+
+/// send_bw's server: messages received, and when.
+#[derive(Default)]
+struct Received {
+    n: u64,
+    start: Option<Instant>,
+    /// (count, seconds since the first) every 128 messages, for the peak.
+    marks: Vec<(u64, f64)>,
+    last: f64,
+}
+
+impl Received {
+    fn one(&mut self) {
+        let start = *self.start.get_or_insert_with(Instant::now);
+        self.n += 1;
+        self.last = start.elapsed().as_secs_f64();
+        if self.n % 128 == 0 {
+            self.marks.push((self.n, self.last));
+        }
+    }
+
+    /// Bandwidth from the first arrival to the last.
+    fn measured(&self, size: usize, qps: usize) -> Measured {
+        let t = self.last;
+        let avg = if t > 0.0 { (self.n * size as u64) as f64 / t } else { 0.0 };
+        let peak = peak(&self.marks, size).max(avg);
+        Measured { iters: self.n / qps.max(1) as u64, bw_avg: avg, bw_peak: peak, lat: Vec::new() }
+    }
+}
+
+/// Half-intervals between successive calls, in microseconds.
+#[derive(Default)]
+struct Lap(Vec<f64>, Option<Instant>);
+
+impl Lap {
+    fn lap(&mut self) {
+        let now = Instant::now();
+        if let Some(prev) = self.1.replace(now) {
+            self.0.push((now - prev).as_secs_f64() * 1e6 / 2.0);
+        }
+    }
+}
+
+/// The best bandwidth over ten equal slices of the run.
+fn peak(marks: &[(u64, f64)], size: usize) -> f64 {
+    let Some(&(_, t)) = marks.last() else { return 0.0 };
+    let mut best: f64 = 0.0;
+    let mut prev = (0u64, 0f64);
+    for &(done, at) in marks {
+        // Whole slices only: a short one at the end (a burst of completions) says nothing.
+        if at - prev.1 >= t / 10.0 {
+            best = best.max((done - prev.0) as f64 * size as f64 / (at - prev.1));
+            prev = (done, at);
+        }
+    }
+    best
+}

@@ -1,0 +1,162 @@
+//! The verbs set-up of a run: the device's context, the protection domain, completion
+//! queue, memory region and queue pairs, and connecting them to the peer's.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use softrdma::{
+    Access, CompletionChannel, CompletionQueue, ConnectOptions, Context, EndpointInfo, MemoryRegion, Mtu,
+    Qkey, QpBuilder, QpCaps, QueuePair, RecvWr, RemoteRegion, UdDest,
+};
+
+use super::args::{Conn, PerfArgs};
+use super::{Fail, CYCLE_BUFFER};
+
+const QKEY: Qkey = Qkey(0x1111_1111);
+
+/// Opens the device `-d` names (127.0.0.1 without one).
+pub(super) fn open(args: &PerfArgs) -> Result<Context, Fail> {
+    let addr = match &args.device {
+        Some(d) => softrdma::find_device(d).map_err(|e| e.to_string())?.addr,
+        None => IpAddr::V4(Ipv4Addr::LOCALHOST),
+    };
+    Context::open(addr).map_err(|e| e.to_string())
+}
+
+/// One side of a benchmark: its verbs objects and, once the exchange is over, the peer's.
+pub(super) struct Session<'a> {
+    pub(super) args: &'a PerfArgs,
+    pub(super) ctx: Context,
+    pub(super) client: bool,
+    pub(super) cq: CompletionQueue,
+    pub(super) channel: Option<CompletionChannel>,
+    pub(super) mr: MemoryRegion,
+    /// The connected queue pairs (`-q` of them), once the exchange is over.
+    pub(super) qps: Vec<QueuePair>,
+    pub(super) prepared: Vec<softrdma::PreparedQp>,
+    /// The peer's memory: one region behind all its QPs.
+    pub(super) remote: Option<RemoteRegion>,
+    pub(super) ud_dests: Vec<UdDest>,
+    pub(super) mine: Vec<EndpointInfo>,
+    pub(super) theirs: Vec<EndpointInfo>,
+    pub(super) buf: usize,
+    /// Receive slots per QP (SEND tests) and buffers in each.
+    pub(super) slots: usize,
+    /// Offset of the buffer that is sent from, written to and read into: after the
+    /// receive slots.
+    pub(super) local: usize,
+    /// Receives posted so far, per QP.
+    pub(super) posted_recvs: Vec<u64>,
+}
+
+impl<'a> Session<'a> {
+    pub(super) fn new(args: &'a PerfArgs, ctx: Context, max: usize) -> Result<Session<'a>, Fail> {
+        let client = args.host.is_some();
+        let pd = ctx.alloc_pd();
+        let channel = if args.events { Some(ctx.create_channel().map_err(|e| e.to_string())?) } else { None };
+        let nq = args.qps.max(1) as usize;
+        let depth = ((args.tx_depth.max(args.rx_depth) as usize * 2 + 16) * nq).min(softrdma::MAX_CQE);
+        let cq = ctx.create_cq(depth, channel.as_ref()).map_err(|e| e.to_string())?;
+        let ud = args.connection == Conn::Ud;
+        // One buffer per receive slot for SEND tests (with the GRH area on UD), one for the rest.
+        let slot = max + if ud { 40 } else { 0 };
+        let buf = slot.max(8).next_multiple_of(64);
+        let slots = if args.test.is_send() { args.rx_depth.max(1) as usize } else { 1 };
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+        // Receive slots of every QP, then the local buffer, then the target of the peer's
+        // RDMA (which all QPs share).
+        // The target is at least the 4096-byte cycle buffer we announce: perftest's small
+        // one-sided operations walk through that much of the peer's memory.
+        let target = buf.max(CYCLE_BUFFER);
+        let mr = pd.register(buf * slots * nq + buf + target, access).map_err(|e| e.to_string())?;
+        let caps = QpCaps {
+            max_send_wr: args.tx_depth.clamp(1, softrdma::MAX_QP_WR),
+            max_recv_wr: args.rx_depth.clamp(1, softrdma::MAX_QP_WR),
+            max_inline_data: args.inline.min(softrdma::MAX_INLINE),
+            ..QpCaps::default()
+        };
+        let b = if ud { QpBuilder::ud(QKEY) } else { QpBuilder::rc().access(access) }.caps(caps);
+        let mut prepared = Vec::with_capacity(nq);
+        let mut mine = Vec::with_capacity(nq);
+        for _ in 0..nq {
+            let p = pd.prepare_qp(&b, &cq, &cq).map_err(|e| e.to_string())?;
+            let mut e = p.endpoint();
+            if let Some(m) = args.mtu {
+                e.mtu = e.mtu.min(m);
+            }
+            // The peer's RDMA lands after our receive slots and local buffer; perftest, as
+            // peer, targets exactly what we advertise.
+            let r = mr.remote();
+            e.region = Some(RemoteRegion {
+                addr: r.addr + (buf * slots * nq + buf) as u64,
+                len: target as u64,
+                rkey: r.rkey,
+            });
+            prepared.push(p);
+            mine.push(e);
+        }
+        let mut s = Session {
+            args,
+            ctx,
+            client,
+            cq,
+            channel,
+            mr,
+            qps: Vec::new(),
+            prepared,
+            remote: None,
+            ud_dests: Vec::new(),
+            mine,
+            theirs: Vec::new(),
+            buf,
+            slots,
+            local: buf * slots * nq,
+            posted_recvs: vec![0; nq],
+        };
+        if args.test.is_send() {
+            for q in 0..nq {
+                for _ in 0..args.rx_depth {
+                    s.post_recv(q)?;
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    /// Posts the next receive of QP `q` (into its next slot, round robin).
+    pub(super) fn post_recv(&mut self, q: usize) -> Result<(), Fail> {
+        let k = self.posted_recvs[q];
+        let slot = q * self.slots + (k % self.slots as u64) as usize;
+        let sge = self.mr.sge(slot * self.buf, self.buf).map_err(|e| e.to_string())?;
+        let wr = RecvWr { wr_id: k, sg_list: vec![sge] };
+        let r = match (self.qps.get(q), self.prepared.get(q)) {
+            (Some(qp), _) => qp.post_recv(wr),
+            (None, Some(p)) => p.post_recv(wr),
+            _ => return Err("no QP".into()),
+        };
+        self.posted_recvs[q] += 1;
+        r.map_err(|e| e.to_string())
+    }
+
+    /// Connects our QPs to the peer's endpoints (UD: readies them and keeps the
+    /// destinations), at the MTU the exchange settled on.
+    pub(super) fn connect_qps(&mut self, mtu: Option<Mtu>) -> Result<(), Fail> {
+        for (prepared, remote) in std::mem::take(&mut self.prepared).into_iter().zip(&self.theirs) {
+            let qp = if self.args.connection == Conn::Ud {
+                self.ud_dests.push(UdDest {
+                    addr: remote.addr,
+                    qpn: softrdma::Qpn::new(remote.qpn),
+                    qkey: QKEY,
+                    traffic_class: 0,
+                });
+                prepared.ready().inspect(|q| q.set_foreign_peer(self.args.foreign))
+            } else {
+                let foreign_peer = self.args.foreign;
+                prepared.handshake(remote, &ConnectOptions { mtu, foreign_peer, ..ConnectOptions::default() })
+            }
+            .map_err(|e| e.to_string())?;
+            self.qps.push(qp);
+        }
+        self.remote = self.theirs.first().and_then(|t| t.region);
+        Ok(())
+    }
+}
