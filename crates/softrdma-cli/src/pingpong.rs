@@ -52,6 +52,9 @@ pub struct PingPongArgs {
     /// UDP port of the device (default SOFTRDMA_PORT or 4791; 0 picks a free one).
     #[arg(long)]
     pub udp_port: Option<u16>,
+    /// GID index of the device to bind (`softrdma devinfo -v` lists the table).
+    #[arg(short = 'g', long = "gid-idx")]
+    pub gid_index: Option<u32>,
     /// Message size in bytes.
     #[arg(short = 's', long, default_value_t = 4096)]
     pub size: usize,
@@ -94,10 +97,14 @@ pub fn run(args: &PingPongArgs) -> i32 {
 
 fn open(args: &PingPongArgs) -> Result<Context, Failure> {
     let port = args.udp_port.unwrap_or_else(softrdma::default_port);
-    let opened = match (args.bind, &args.device) {
-        (Some(addr), _) => Context::open_port(addr, port),
-        (None, Some(name)) => softrdma::find_device(name).and_then(|d| Context::open_port(d.addr, port)),
-        (None, None) => Context::open_port(IpAddr::from([127, 0, 0, 1]), port),
+    let opened = match (args.bind, &args.device, args.gid_index) {
+        (Some(_), _, Some(_)) => return Err("--bind and -g both choose the local address".into()),
+        (Some(addr), _, None) => Context::open_port(addr, port),
+        (None, d, Some(idx)) => Context::open_gid(d.as_deref().unwrap_or("127.0.0.1"), idx, port),
+        (None, Some(name), None) => {
+            softrdma::find_device(name).and_then(|d| Context::open_port(d.addr, port))
+        }
+        (None, None, None) => Context::open_port(IpAddr::from([127, 0, 0, 1]), port),
     };
     opened.map_err(|e| e.to_string())
 }

@@ -172,3 +172,41 @@ fn one_sided_operations_against_a_passive_process() {
     assert_eq!(v["len"], size);
     assert_eq!(v["crc32"], crc32fast::hash(&want));
 }
+
+/// The index of `ip`'s IPv4-mapped GID in `softrdma devinfo -v`'s table, run with `env`.
+fn gid_index_of(ip: &str, env: &[(&str, &str)]) -> String {
+    let out = Command::new(BIN)
+        .args(["devinfo", "-d", "srdma_lo", "-v"])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let out = String::from_utf8(out.stdout).unwrap();
+    let line =
+        out.lines().find(|l| l.contains(&format!("::ffff:{ip},"))).unwrap_or_else(|| panic!("{ip}: {out}"));
+    let idx = line.split('[').nth(1).and_then(|r| r.split(']').next()).unwrap();
+    idx.trim().to_string()
+}
+
+#[test]
+fn pingpong_binds_the_gid_that_g_names() {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let tcp = (19_000 + std::process::id() % 20_000 + u32::from(n) * 7).to_string();
+    let (srv_ip, cli_ip) = (format!("127.0.2.{}", 2 * n + 2), format!("127.0.2.{}", 2 * n + 3));
+    let gids = format!("{srv_ip},{cli_ip}");
+    let env = [("SOFTRDMA_GIDS", gids.as_str())];
+    let (srv_g, cli_g) = (gid_index_of(&srv_ip, &env), gid_index_of(&cli_ip, &env));
+    assert_ne!(srv_g, "0");
+    let common = ["pingpong", "-n", "50", "-s", "1024", "-p", &tcp];
+    let server =
+        Command::new(BIN).args(common).args(["-g", &srv_g]).envs(env).stdout(Stdio::piped()).spawn().unwrap();
+    let client = Command::new(BIN).args(common).args(["-g", &cli_g, "127.0.0.1"]).envs(env).output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    let (c, s) = (String::from_utf8_lossy(&client.stdout), String::from_utf8_lossy(&server.stdout));
+    assert!(client.status.success() && server.status.success(), "{c}\n{s}");
+    assert!(c.contains("local address:  QPN 0x000010, PSN") && c.contains(&format!("GID {cli_ip}:")), "{c}");
+    assert!(s.contains(&format!("GID {srv_ip}:")), "{s}");
+    // An index past the table is refused before anything is bound.
+    let bad = Command::new(BIN).args(common).args(["-g", "200", "127.0.0.1"]).envs(env).output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("GID"), "{}", String::from_utf8_lossy(&bad.stderr));
+}

@@ -130,7 +130,7 @@ pub struct PerfArgs {
     /// Report Gbit/s instead of MiB/s.
     #[arg(long = "report_gbits")]
     pub report_gbits: bool,
-    /// GID index (only index 0 exists; accepted for compatibility).
+    /// GID index of the device to bind (`softrdma devinfo -v` lists the table).
     #[arg(short = 'x', long = "gid-index")]
     pub gid_index: Option<u32>,
     /// Path MTU (256..4096).

@@ -102,7 +102,7 @@ impl Session<'_> {
         }
         println!(" Mtu             : {}[B]", self.mine[0].mtu);
         println!(" Link type       : Ethernet");
-        println!(" GID index       : 0");
+        println!(" GID index       : {}", d.gid_index);
         println!(" Max inline data : {}[B]", a.inline);
         println!(" rdma_cm QPs\t : OFF");
         println!(" Data ex. method : Ethernet");

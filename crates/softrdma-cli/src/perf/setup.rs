@@ -13,13 +13,16 @@ use super::{Fail, CYCLE_BUFFER};
 
 const QKEY: Qkey = Qkey(0x1111_1111);
 
-/// Opens the device `-d` names (127.0.0.1 without one).
+/// Opens the device `-d` names (127.0.0.1 without one), binding its GID `-x` when given.
 pub(super) fn open(args: &PerfArgs) -> Result<Context, Fail> {
-    let addr = match &args.device {
-        Some(d) => softrdma::find_device(d).map_err(|e| e.to_string())?.addr,
-        None => IpAddr::V4(Ipv4Addr::LOCALHOST),
+    let opened = match (&args.device, args.gid_index) {
+        (d, Some(idx)) => {
+            Context::open_gid(d.as_deref().unwrap_or("127.0.0.1"), idx, softrdma::default_port())
+        }
+        (Some(d), None) => softrdma::find_device(d).and_then(|d| Context::open(d.addr)),
+        (None, None) => Context::open(IpAddr::V4(Ipv4Addr::LOCALHOST)),
     };
-    Context::open(addr).map_err(|e| e.to_string())
+    opened.map_err(|e| e.to_string())
 }
 
 /// One side of a benchmark: its verbs objects and, once the exchange is over, the peer's.
