@@ -53,7 +53,13 @@ impl Context {
         Context::open_device(find_device(&addr.to_string())?, port)
     }
 
-    fn open_device(device: Device, port: u16) -> Result<Context> {
+    /// Opens `device` as described: its GID `gid_index` (which must hold `addr`), on UDP
+    /// `port` (0 picks one). For callers that edit a device's description first (see
+    /// [`Device::with_gid0`]).
+    pub fn open_device(device: Device, port: u16) -> Result<Context> {
+        if device.gids.get(device.gid_index as usize).map(|g| g.addr) != Some(device.addr) {
+            return Err(crate::Error::InvalidArgument("the device's address is not its GID gid_index"));
+        }
         let want = SocketAddr::new(device.addr, port);
         let mut table = opened().lock().unwrap_or_else(|p| p.into_inner());
         if port != 0 {
@@ -110,6 +116,12 @@ impl Context {
     /// The next asynchronous event, if any (CQ overrun, QP fatal, port active).
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
         self.inner.engine.pop_async_event()
+    }
+
+    /// A file descriptor that is readable while an asynchronous event waits for
+    /// [`Self::poll_async_event`] (`ibv_context.async_fd`).
+    pub fn async_fd(&self) -> std::os::fd::RawFd {
+        self.inner.engine.async_fd()
     }
 
     /// Socket-level counters (batches, GSO and GRO trains).

@@ -238,7 +238,11 @@ pub(crate) struct ChannelShared {
 
 impl ChannelShared {
     fn notify(&self, cq: Arc<CqShared>) {
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).push_back(cq);
+        // Signal under the lock that `try_get_event` drains under, so that the fd is
+        // readable exactly while an event waits: a C program polls the fd, then calls
+        // `ibv_get_cq_event`, which must not block.
+        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        events.push_back(cq);
         self.efd.signal();
     }
 }
@@ -262,7 +266,14 @@ impl CompletionChannel {
 
     /// The next event without blocking: the CQ that has new completions.
     pub fn try_get_event(&self) -> Option<CompletionQueue> {
-        let cq = self.shared.events.lock().unwrap_or_else(|p| p.into_inner()).pop_front()?;
+        let cq = {
+            let mut events = self.shared.events.lock().unwrap_or_else(|p| p.into_inner());
+            let cq = events.pop_front();
+            if events.is_empty() {
+                self.shared.efd.drain();
+            }
+            cq?
+        };
         self.shared.unacked.fetch_add(1, Ordering::Relaxed);
         Some(CompletionQueue { shared: cq, ctx: self.ctx.clone() })
     }
@@ -297,7 +308,6 @@ impl CompletionChannel {
             if ready & !1 != 0 {
                 self.ctx.engine.try_progress_quiet();
             }
-            self.shared.efd.drain();
         }
     }
 

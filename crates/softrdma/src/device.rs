@@ -176,6 +176,23 @@ impl Device {
         Ok(Device { addr: g.addr, gid_index: index, ..self.clone() })
     }
 
+    /// This device with `addr`'s GID moved to index 0 (added if the table lacks it), and
+    /// bound: what a program that always takes GID 0 sees when it is given one address
+    /// of a shared host (the drop-in `libibverbs.so.1` under `SOFTRDMA_BIND`).
+    pub fn with_gid0(&self, addr: IpAddr) -> Device {
+        let mut gids = self.gids.clone();
+        let pos = gids.iter().position(|g| g.addr == addr);
+        let first = match pos {
+            Some(k) => gids.remove(k),
+            None => GidEntry { index: 0, gid: gid_of(addr), addr, scope_id: 0, gid_type: GidType::RoceV2 },
+        };
+        gids.insert(0, first);
+        for (k, g) in gids.iter_mut().enumerate() {
+            g.index = k as u32;
+        }
+        Device { addr, gid_index: 0, gids, ..self.clone() }
+    }
+
     /// The GID a context opened from this value binds.
     pub fn gid(&self) -> [u8; 16] {
         gid_of(self.addr)

@@ -117,6 +117,8 @@ struct Core {
     mem: Registry,
     routes: HashMap<u32, Route>,
     events: VecDeque<AsyncEvent>,
+    /// Readable while `events` is not empty (`ibv_context.async_fd`).
+    async_efd: EventFd,
     link: Box<dyn Link>,
     slots: Vec<u8>,
     out: Vec<OutMsg>,
@@ -141,6 +143,8 @@ pub(crate) struct Engine {
     app_polls: AtomicU64,
     /// The progress thread is napping off the link.
     napping: AtomicBool,
+    /// `Core::async_efd`'s descriptor.
+    async_fd: RawFd,
 }
 
 /// The GSO train being built: ((destination, TOS), segment size, segments, bytes, still
@@ -155,11 +159,15 @@ impl Engine {
     pub(crate) fn new(link: Box<dyn Link>) -> std::io::Result<Engine> {
         let local = link.local();
         let link_fds = link.fds();
+        let async_efd = EventFd::new()?;
+        async_efd.signal(); // PortActive is queued.
+        let async_fd = async_efd.as_raw_fd();
         let core = Core {
             endpoint: Endpoint::new(local),
             mem: Registry::new(),
             routes: HashMap::new(),
             events: VecDeque::from([AsyncEvent::PortActive]),
+            async_efd,
             link,
             slots: vec![0; BATCH * SLOT],
             out: Vec::with_capacity(BATCH),
@@ -168,6 +176,7 @@ impl Engine {
             core: Mutex::new(core),
             link_fds,
             wake: EventFd::new()?,
+            async_fd,
             local,
             stop: AtomicBool::new(false),
             io: IoCounters::default(),
@@ -371,7 +380,18 @@ impl Engine {
     // ---- Device ------------------------------------------------------------------------
 
     pub(crate) fn pop_async_event(&self) -> Option<AsyncEvent> {
-        self.lock().events.pop_front()
+        let mut core = self.lock();
+        let ev = core.events.pop_front();
+        // Under the lock that pushes signal, so the fd is readable exactly while one waits.
+        if core.events.is_empty() {
+            core.async_efd.drain();
+        }
+        ev
+    }
+
+    /// Readable while an asynchronous event is queued.
+    pub(crate) fn async_fd(&self) -> RawFd {
+        self.async_fd
     }
 
     pub(crate) fn endpoint_stats(&self) -> EndpointStats {
@@ -547,6 +567,7 @@ impl Engine {
                 // lost: the completions stay queued beyond the CQ's size.
                 if !core.events.contains(&AsyncEvent::CqError { cq }) {
                     core.events.push_back(AsyncEvent::CqError { cq });
+                    core.async_efd.signal();
                 }
                 if let Some(qp) = core.endpoint.qp_mut(qpn) {
                     let _ = qp.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });

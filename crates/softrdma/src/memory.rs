@@ -102,10 +102,17 @@ impl MrInner {
     /// Copies `data` to byte offset `off`, in ascending order, then fences.
     pub(crate) fn write(&self, off: usize, data: &[u8]) {
         let Some(words) = self.words() else {
+            // The last byte goes last, on its own, after a release fence: a program may spin
+            // on it (perftest's write_lat does), and a memcpy is free to store the tail
+            // first.
+            let Some((&last, body)) = data.split_last() else { return };
+            let dst = self.ptr(off) as *mut u8;
             // SAFETY: in bounds (callers check); the register_raw contract keeps the range
-            // valid for writes.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr(off) as *mut u8, data.len()) };
+            // valid for writes from any thread.
+            unsafe { std::ptr::copy_nonoverlapping(body.as_ptr(), dst, body.len()) };
             fence(Ordering::Release);
+            // SAFETY: as above; AtomicU8 has u8's layout and any address is aligned for it.
+            unsafe { std::sync::atomic::AtomicU8::from_ptr(dst.add(body.len())) }.store(last, Ordering::Release);
             return;
         };
         let merge = |word: &AtomicU64, at: usize, bytes: &[u8]| {

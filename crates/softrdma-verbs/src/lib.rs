@@ -1,0 +1,125 @@
+//! softrdma's drop-in `libibverbs.so.1`: rdma-core's C ABI (version nodes IBVERBS_1.0 to
+//! 1.14 and IBVERBS_PRIVATE_34) over the `softrdma` runtime, so that unmodified programs —
+//! `ibv_devinfo`, the `ibv_*_pingpong`s, perftest — run on softrdma with
+//! `LD_LIBRARY_PATH` pointing at the built library (`softrdma exec` does it).
+//!
+//! The crate builds as a static library; `scripts/build-libs.sh` links it into
+//! `libibverbs.so.1` with `libibverbs.map` (the version nodes), and into the stub
+//! `libmlx5.so.1` and `libefa.so.1` that perftest's binaries need at load time.
+//!
+//! Each verbs object is a Rust structure whose first field is the C structure programs see
+//! (`ibv_pd`, `ibv_cq`, `ibv_qp`, ...), followed by the runtime handle it stands for; the C
+//! pointer is the structure's address. The context is the exception: `ibv_context` sits
+//! after 320 bytes reserved for `verbs_context`'s members, as rdma-core lays it out.
+//! The context is not extended (`abi_compat` is NULL), so the inline `_ex` helpers fall
+//! back to the basic calls or fail with EOPNOTSUPP, as they do on an old provider.
+//!
+//! Configuration, by environment:
+//! - `SOFTRDMA_BIND=ADDR`: the device holding ADDR is listed first and ADDR is its GID 0,
+//!   the address the process binds. Two processes on one host need two addresses
+//!   (127.0.0.2 and 127.0.0.3), since programs exchange only GIDs and QP numbers.
+//! - `SOFTRDMA_PORT`: the UDP port (4791 by default); both peers must use the same one.
+//! - `SOFTRDMA_FOREIGN=1`: peers are Linux rxe or RoCE NICs.
+//! - `SOFTRDMA_SYSFS=DIR`: where the devices' sysfs-style files are written.
+
+#![allow(clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::Mutex;
+
+use softrdma::Context;
+
+pub mod abi;
+mod device;
+mod stubs;
+mod verbs;
+
+pub use device::{BIND_ENV, FOREIGN_ENV, SYSFS_ENV};
+
+use abi::*;
+
+pub(crate) fn set_errno(e: c_int) {
+    // SAFETY: the calling thread's errno location.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Runs `f`, turning a panic into `on_panic` instead of unwinding into C (which would
+/// abort the program).
+pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(on_panic)
+}
+
+/// An open device: `ibv_context` and the runtime context behind it.
+#[repr(C)]
+pub(crate) struct Ctx {
+    /// `struct verbs_context`'s members before its `context` (unused: not extended).
+    _verbs_context: [u64; 40],
+    pub(crate) ibv: ibv_context,
+    pub(crate) rt: Context,
+    /// Peers are foreign (`SOFTRDMA_FOREIGN`).
+    pub(crate) foreign: bool,
+    /// CQs by the runtime's number and QPs by QPN, for async events that name them.
+    cqs: Mutex<HashMap<u32, usize>>,
+    qps: Mutex<HashMap<u32, usize>>,
+}
+
+impl Ctx {
+    fn new(device: *mut ibv_device, rt: Context, foreign: bool) -> *mut ibv_context {
+        // SAFETY: plain data; null pointers and zero fds are filled below.
+        let mut ibv: ibv_context = unsafe { std::mem::zeroed() };
+        ibv.device = device;
+        ibv.ops.poll_cq = Some(verbs::poll_cq);
+        ibv.ops.req_notify_cq = Some(verbs::req_notify_cq);
+        ibv.ops.post_srq_recv = Some(verbs::post_srq_recv);
+        ibv.ops.post_send = Some(verbs::post_send);
+        ibv.ops.post_recv = Some(verbs::post_recv);
+        ibv.cmd_fd = -1;
+        ibv.async_fd = rt.async_fd();
+        ibv.num_comp_vectors = 1;
+        let ctx = Box::new(Ctx {
+            _verbs_context: [0; 40],
+            ibv,
+            rt,
+            foreign,
+            cqs: Mutex::new(HashMap::new()),
+            qps: Mutex::new(HashMap::new()),
+        });
+        let ctx = Box::into_raw(ctx);
+        // SAFETY: just allocated; the field's address is stable for the box's life.
+        unsafe { &raw mut (*ctx).ibv }
+    }
+
+    /// # Safety
+    /// `p` came from [`Ctx::new`] and was not freed.
+    pub(crate) unsafe fn from_ibv<'a>(p: *mut ibv_context) -> &'a Ctx {
+        // SAFETY: by the contract, p is the `ibv` field of a live Ctx.
+        unsafe { &*p.cast::<u8>().sub(std::mem::offset_of!(Ctx, ibv)).cast::<Ctx>() }
+    }
+
+    /// # Safety
+    /// As [`Ctx::from_ibv`]; nothing may use the context afterwards.
+    unsafe fn free(p: *mut ibv_context) {
+        // SAFETY: by the contract.
+        drop(unsafe { Box::from_raw(p.cast::<u8>().sub(std::mem::offset_of!(Ctx, ibv)).cast::<Ctx>()) });
+    }
+
+    pub(crate) fn add_cq(&self, id: u32, cq: *mut ibv_cq) {
+        self.cqs.lock().unwrap_or_else(|p| p.into_inner()).insert(id, cq as usize);
+    }
+    pub(crate) fn remove_cq(&self, id: u32) {
+        self.cqs.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    }
+    pub(crate) fn cq_by_id(&self, id: u32) -> *mut ibv_cq {
+        self.cqs.lock().unwrap_or_else(|p| p.into_inner()).get(&id).copied().unwrap_or(0) as *mut ibv_cq
+    }
+    pub(crate) fn add_qp(&self, qpn: u32, qp: *mut ibv_qp) {
+        self.qps.lock().unwrap_or_else(|p| p.into_inner()).insert(qpn, qp as usize);
+    }
+    pub(crate) fn remove_qp(&self, qpn: u32) {
+        self.qps.lock().unwrap_or_else(|p| p.into_inner()).remove(&qpn);
+    }
+    pub(crate) fn qp_by_num(&self, qpn: u32) -> *mut ibv_qp {
+        self.qps.lock().unwrap_or_else(|p| p.into_inner()).get(&qpn).copied().unwrap_or(0) as *mut ibv_qp
+    }
+}

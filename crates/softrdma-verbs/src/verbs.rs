@@ -1,0 +1,964 @@
+//! The verbs objects (PD, MR, completion channel, CQ, QP, SRQ, AH) and the data path
+//! programs reach through `context->ops`: `post_send`, `post_recv`, `post_srq_recv`,
+//! `poll_cq`, `req_notify_cq`.
+//!
+//! Errors follow rdma-core: calls that return `int` return an errno value (0 on
+//! success); calls that return a pointer return NULL and set `errno`; a post that fails
+//! stores the failing work request in `*bad_wr`.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::net::SocketAddr;
+use std::ptr;
+
+use softrdma::proto::qp::ModifyError;
+use softrdma::{
+    addr_of_gid, Access, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, MemoryRegion, Mtu, Psn,
+    ProtectionDomain, QpAttr, QpAttrMask, QpBuilder, QpCaps, QpState, QpType, Qkey, Qpn, QueuePair, RecvWr,
+    Rkey, SendFlags, SendOp, SendWr, SharedReceiveQueue, Sge, WcOpcode, WorkCompletion,
+};
+
+use crate::abi::*;
+use crate::{guard, set_errno, Ctx};
+
+/// Access bits rdma-core lets a provider ignore (`IBV_ACCESS_OPTIONAL_RANGE`).
+const ACCESS_OPTIONAL_RANGE: u32 = ((1 << 29) - 1) & !((1 << 20) - 1);
+
+fn fail<T>(e: c_int) -> *mut T {
+    set_errno(e);
+    ptr::null_mut()
+}
+
+// ---- Protection domains --------------------------------------------------------------
+
+#[repr(C)]
+pub(crate) struct Pd {
+    ibv: ibv_pd,
+    rt: ProtectionDomain,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+    if context.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a context from ibv_open_device.
+    let ctx = unsafe { Ctx::from_ibv(context) };
+    let rt = ctx.rt.alloc_pd();
+    let pd = Box::new(Pd { ibv: ibv_pd { context, handle: 0 }, rt });
+    Box::into_raw(pd).cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    if pd.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a PD from ibv_alloc_pd; the runtime keeps what its objects still use alive.
+    drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
+    0
+}
+
+/// # Safety
+/// `pd` is a live PD from [`ibv_alloc_pd`].
+unsafe fn pd_of<'a>(pd: *mut ibv_pd) -> &'a Pd {
+    // SAFETY: by the contract.
+    unsafe { &*pd.cast::<Pd>() }
+}
+
+// ---- Memory regions ------------------------------------------------------------------
+
+#[repr(C)]
+struct Mr {
+    ibv: ibv_mr,
+    _rt: MemoryRegion,
+}
+
+/// Registers the application's own memory: RDMA WRITEs and atomics from peers land in it
+/// directly, the last byte of each packet last.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
+    // SAFETY: forwarded under the same contract.
+    unsafe { ibv_reg_mr_iova2(pd, addr, length, addr as u64, access as c_uint) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
+    if pd.is_null() || (addr.is_null() && length != 0) {
+        return fail(libc::EINVAL);
+    }
+    if iova != addr as u64 {
+        // Regions are addressed by their virtual address; a different IOVA is not offered.
+        return fail(libc::EOPNOTSUPP);
+    }
+    // SAFETY: a live PD.
+    let p = unsafe { pd_of(pd) };
+    let access = Access::from_bits(access & !ACCESS_OPTIONAL_RANGE);
+    // SAFETY: verbs' contract: the range stays valid while registered (until ibv_dereg_mr).
+    match guard(Err(softrdma::Error::InvalidArgument("panic")), || unsafe {
+        p.rt.register_raw(addr.cast(), length, access)
+    }) {
+        Ok(rt) => {
+            let ibv = ibv_mr {
+                context: p.ibv.context,
+                pd,
+                addr,
+                length,
+                handle: rt.lkey().0,
+                lkey: rt.lkey().0,
+                rkey: rt.rkey().0,
+            };
+            Box::into_raw(Box::new(Mr { ibv, _rt: rt })).cast()
+        }
+        Err(e) => fail(e.errno()),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    if mr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: an MR from ibv_reg_mr; dropping it leaves the registry before returning.
+    drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
+    0
+}
+
+// ---- Completion channels and CQs -----------------------------------------------------
+
+#[repr(C)]
+struct Channel {
+    ibv: ibv_comp_channel,
+    rt: CompletionChannel,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
+    if context.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a context from ibv_open_device.
+    let ctx = unsafe { Ctx::from_ibv(context) };
+    match ctx.rt.create_channel() {
+        Ok(rt) => {
+            use std::os::fd::AsRawFd;
+            let ibv = ibv_comp_channel { context, fd: rt.as_raw_fd(), refcnt: 0 };
+            Box::into_raw(Box::new(Channel { ibv, rt })).cast()
+        }
+        Err(e) => fail(e.errno()),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    if channel.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a channel from ibv_create_comp_channel.
+    if unsafe { (*channel).refcnt } > 0 {
+        return libc::EBUSY;
+    }
+    // SAFETY: as above; no CQ uses it any more.
+    drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
+    0
+}
+
+#[repr(C)]
+pub(crate) struct Cq {
+    ibv: ibv_cq,
+    rt: CompletionQueue,
+}
+
+/// # Safety
+/// `cq` is a live CQ from [`ibv_create_cq`].
+unsafe fn cq_of<'a>(cq: *mut ibv_cq) -> &'a Cq {
+    // SAFETY: by the contract.
+    unsafe { &*cq.cast::<Cq>() }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    _comp_vector: c_int,
+) -> *mut ibv_cq {
+    if context.is_null() || cqe <= 0 || cqe as usize > softrdma::MAX_CQE {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a context from ibv_open_device; a channel from ibv_create_comp_channel.
+    let ctx = unsafe { Ctx::from_ibv(context) };
+    // SAFETY: as above.
+    let ch = (!channel.is_null()).then(|| unsafe { &(*channel.cast::<Channel>()).rt });
+    match ctx.rt.create_cq(cqe as usize, ch) {
+        Ok(rt) => {
+            // SAFETY: plain data; the pointers are set here.
+            let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
+            ibv.context = context;
+            ibv.channel = channel;
+            ibv.cq_context = cq_context;
+            ibv.handle = rt.id();
+            ibv.cqe = rt.capacity() as c_int;
+            if !channel.is_null() {
+                // SAFETY: a live channel.
+                unsafe { (*channel).refcnt += 1 };
+            }
+            let id = rt.id();
+            let p: *mut ibv_cq = Box::into_raw(Box::new(Cq { ibv, rt })).cast();
+            ctx.add_cq(id, p);
+            p
+        }
+        Err(e) => fail(e.errno()),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    if cq.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a CQ from ibv_create_cq, its QPs destroyed (verbs' rule).
+    let c = unsafe { Box::from_raw(cq.cast::<Cq>()) };
+    // SAFETY: its context is live.
+    unsafe { Ctx::from_ibv(c.ibv.context) }.remove_cq(c.rt.id());
+    if !c.ibv.channel.is_null() {
+        // SAFETY: the channel outlives its CQs.
+        unsafe { (*c.ibv.channel).refcnt -= 1 };
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    if channel.is_null() || cq.is_null() || cq_context.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: a live channel.
+    let ch = unsafe { &*channel.cast::<Channel>() };
+    // SAFETY: its context is live.
+    let ctx = unsafe { Ctx::from_ibv(ch.ibv.context) };
+    loop {
+        match ch.rt.get_event() {
+            Ok(rt) => {
+                let p = ctx.cq_by_id(rt.id());
+                if p.is_null() {
+                    continue; // destroyed since it was armed
+                }
+                // SAFETY: out-pointers from the caller; p is a live CQ.
+                unsafe {
+                    *cq = p;
+                    *cq_context = (*p).cq_context;
+                }
+                return 0;
+            }
+            Err(e) => {
+                set_errno(e.errno());
+                return -1;
+            }
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
+    if cq.is_null() {
+        return;
+    }
+    // SAFETY: a live CQ.
+    let c = unsafe { &mut *cq.cast::<Cq>() };
+    c.ibv.comp_events_completed = c.ibv.comp_events_completed.wrapping_add(nevents);
+    if !c.ibv.channel.is_null() {
+        // SAFETY: the channel outlives its CQs.
+        unsafe { &*c.ibv.channel.cast::<Channel>() }.rt.ack_events(nevents as usize);
+    }
+}
+
+pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    if cq.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a live CQ.
+    match unsafe { cq_of(cq) }.rt.req_notify(solicited_only != 0) {
+        Ok(()) => 0,
+        Err(e) => e.errno(),
+    }
+}
+
+fn wc_opcode(op: WcOpcode) -> c_int {
+    match op {
+        WcOpcode::Send => IBV_WC_SEND,
+        WcOpcode::RdmaWrite => IBV_WC_RDMA_WRITE,
+        WcOpcode::RdmaRead => IBV_WC_RDMA_READ,
+        WcOpcode::CompareSwap => IBV_WC_COMP_SWAP,
+        WcOpcode::FetchAdd => IBV_WC_FETCH_ADD,
+        WcOpcode::Recv => IBV_WC_RECV,
+        WcOpcode::RecvRdmaWithImm => IBV_WC_RECV_RDMA_WITH_IMM,
+    }
+}
+
+pub(crate) fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
+    let mut flags = 0;
+    let mut imm = 0;
+    if w.grh {
+        flags |= IBV_WC_GRH;
+    }
+    if let Some(v) = w.imm_data {
+        flags |= IBV_WC_WITH_IMM;
+        imm = v.to_be(); // network order in memory, as the wire carries it
+    } else if let Some(r) = w.invalidated_rkey {
+        flags |= IBV_WC_WITH_INV;
+        imm = r.0;
+    }
+    ibv_wc {
+        wr_id: w.wr_id,
+        status: w.status as c_int,
+        opcode: wc_opcode(w.opcode),
+        vendor_err: 0,
+        byte_len: w.byte_len,
+        imm_data: imm,
+        qp_num: w.qp_num.get(),
+        src_qp: w.src_qp.get(),
+        wc_flags: flags,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    }
+}
+
+/// `ops.poll_cq`: up to `n` completions into `wc`; the number taken, or -1.
+pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    if cq.is_null() || n < 0 || (wc.is_null() && n > 0) {
+        return -1;
+    }
+    // SAFETY: a live CQ.
+    let c = unsafe { cq_of(cq) };
+    let mut buf = [softrdma::EMPTY_WC; 16];
+    let mut done = 0usize;
+    while done < n as usize {
+        let want = (n as usize - done).min(buf.len());
+        let got = c.rt.poll(&mut buf[..want]);
+        for (k, w) in buf[..got].iter().enumerate() {
+            // SAFETY: wc has n entries; done + k < n.
+            unsafe { *wc.add(done + k) = to_ibv_wc(w) };
+        }
+        done += got;
+        if got < want {
+            break;
+        }
+    }
+    done as c_int
+}
+
+// ---- QPs -----------------------------------------------------------------------------
+
+#[repr(C)]
+pub(crate) struct Qp {
+    ibv: ibv_qp,
+    rt: QueuePair,
+}
+
+/// # Safety
+/// `qp` is a live QP from [`ibv_create_qp`].
+unsafe fn qp_of<'a>(qp: *mut ibv_qp) -> &'a Qp {
+    // SAFETY: by the contract.
+    unsafe { &*qp.cast::<Qp>() }
+}
+
+fn qp_type(t: c_int) -> Option<QpType> {
+    match t {
+        IBV_QPT_RC => Some(QpType::Rc),
+        IBV_QPT_UC => Some(QpType::Uc),
+        IBV_QPT_UD => Some(QpType::Ud),
+        _ => None,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    if pd.is_null() || attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a live PD and the caller's attributes.
+    let (p, a) = unsafe { (pd_of(pd), &mut *attr) };
+    if a.send_cq.is_null() || a.recv_cq.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let Some(ty) = qp_type(a.qp_type) else { return fail(libc::EOPNOTSUPP) };
+    let caps = QpCaps {
+        max_send_wr: a.cap.max_send_wr.max(1),
+        max_recv_wr: a.cap.max_recv_wr.max(1),
+        max_send_sge: a.cap.max_send_sge.max(1),
+        max_recv_sge: a.cap.max_recv_sge.max(1),
+        max_inline_data: a.cap.max_inline_data,
+    };
+    let mut b = match ty {
+        QpType::Rc => QpBuilder::rc(),
+        QpType::Uc => QpBuilder::uc(),
+        QpType::Ud => QpBuilder::ud(Qkey(0)),
+    }
+    .caps(caps)
+    .sq_sig_all(a.sq_sig_all != 0);
+    if !a.srq.is_null() {
+        // SAFETY: a live SRQ.
+        b = b.srq(&unsafe { &*a.srq.cast::<Srq>() }.rt);
+    }
+    // SAFETY: live CQs.
+    let (scq, rcq) = unsafe { (cq_of(a.send_cq), cq_of(a.recv_cq)) };
+    let rt = match guard(Err(softrdma::Error::InvalidArgument("panic")), || p.rt.create_qp(&b, &scq.rt, &rcq.rt)) {
+        Ok(q) => q,
+        Err(e) => return fail(e.errno()),
+    };
+    // SAFETY: its context is live.
+    let ctx = unsafe { Ctx::from_ibv(p.ibv.context) };
+    rt.set_foreign_peer(ctx.foreign);
+    a.cap = ibv_qp_cap {
+        max_send_wr: caps.max_send_wr,
+        max_recv_wr: caps.max_recv_wr,
+        max_send_sge: caps.max_send_sge,
+        max_recv_sge: caps.max_recv_sge,
+        max_inline_data: caps.max_inline_data,
+    };
+    // SAFETY: plain data; pointers set below.
+    let mut ibv: ibv_qp = unsafe { std::mem::zeroed() };
+    ibv.context = p.ibv.context;
+    ibv.qp_context = a.qp_context;
+    ibv.pd = pd;
+    ibv.send_cq = a.send_cq;
+    ibv.recv_cq = a.recv_cq;
+    ibv.srq = a.srq;
+    ibv.qp_num = rt.qpn().get();
+    ibv.handle = ibv.qp_num;
+    ibv.state = 0;
+    ibv.qp_type = a.qp_type;
+    let qpn = ibv.qp_num;
+    let q: *mut ibv_qp = Box::into_raw(Box::new(Qp { ibv, rt })).cast();
+    ctx.add_qp(qpn, q);
+    q
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    if qp.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a QP from ibv_create_qp.
+    let q = unsafe { Box::from_raw(qp.cast::<Qp>()) };
+    // SAFETY: its context is live.
+    unsafe { Ctx::from_ibv(q.ibv.context) }.remove_qp(q.ibv.qp_num);
+    drop(q); // flushes and destroys
+    0
+}
+
+fn qp_state(s: c_int) -> Option<QpState> {
+    Some(match s {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        5 => QpState::Sqe,
+        6 => QpState::Error,
+        _ => return None,
+    })
+}
+
+fn state_num(s: QpState) -> c_int {
+    match s {
+        QpState::Reset => 0,
+        QpState::Init => 1,
+        QpState::Rtr => 2,
+        QpState::Rts => 3,
+        QpState::Sqd => 4,
+        QpState::Sqe => 5,
+        QpState::Error => 6,
+    }
+}
+
+/// `ibv_modify_qp`: the attributes `mask` names, through the runtime's modify table.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    if qp.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a live QP and the caller's attributes.
+    let (q, a) = unsafe { (&mut *qp.cast::<Qp>(), &*attr) };
+    let mask = QpAttrMask(mask as u32);
+    let Some(full) = rt_attr(a, mask) else { return libc::EINVAL };
+    match guard(Err(softrdma::Error::InvalidArgument("panic")), || q.rt.modify_masked(&full, mask)) {
+        Ok(()) => {
+            if mask.contains(QpAttrMask::STATE) {
+                q.ibv.state = a.qp_state;
+            }
+            0
+        }
+        Err(softrdma::Error::Modify(ModifyError::Unsupported(_))) => libc::EOPNOTSUPP,
+        Err(e) => e.errno(),
+    }
+}
+
+/// The runtime's attributes from the C ones, every field the mask may name filled in;
+/// `None` if a named value is out of range.
+fn rt_attr(a: &ibv_qp_attr, mask: QpAttrMask) -> Option<QpAttr> {
+    let has = |bit| mask.contains(bit);
+    let remote = if has(QpAttrMask::AV) {
+        if a.ah_attr.is_global == 0 {
+            // RoCE addresses by GID; a LID-only address vector names nobody.
+            return None;
+        }
+        Some(SocketAddr::new(addr_of_gid(a.ah_attr.grh.dgid), softrdma::default_port()))
+    } else {
+        None
+    };
+    Some(QpAttr {
+        state: if has(QpAttrMask::STATE) { Some(qp_state(a.qp_state)?) } else { None },
+        pkey_index: Some(a.pkey_index),
+        port: Some(a.port_num),
+        access_flags: Some(Access::from_bits(a.qp_access_flags)),
+        qkey: Some(Qkey(a.qkey)),
+        path_mtu: if has(QpAttrMask::PATH_MTU) { Some(Mtu::from_enum(a.path_mtu as u8)?) } else { None },
+        remote,
+        traffic_class: Some(a.ah_attr.grh.traffic_class),
+        dest_qpn: Some(Qpn::new(a.dest_qp_num & 0xFF_FFFF)),
+        rq_psn: Some(Psn::new(a.rq_psn & 0xFF_FFFF)),
+        sq_psn: Some(Psn::new(a.sq_psn & 0xFF_FFFF)),
+        max_rd_atomic: Some(a.max_rd_atomic),
+        max_dest_rd_atomic: Some(a.max_dest_rd_atomic),
+        min_rnr_timer: Some(a.min_rnr_timer),
+        timeout: Some(a.timeout),
+        retry_cnt: Some(a.retry_cnt),
+        rnr_retry: Some(a.rnr_retry),
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if qp.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a live QP.
+    let q = unsafe { qp_of(qp) };
+    let (a, init) = match q.rt.query() {
+        Ok(v) => v,
+        Err(e) => return e.errno(),
+    };
+    let mut o = ibv_qp_attr::default();
+    o.qp_state = a.state.map_or(0, state_num);
+    o.cur_qp_state = o.qp_state;
+    o.path_mtu = a.path_mtu.map_or(0, |m| m as c_int);
+    o.qkey = a.qkey.map_or(0, |k| k.0);
+    o.rq_psn = a.rq_psn.map_or(0, |p| p.get());
+    o.sq_psn = a.sq_psn.map_or(0, |p| p.get());
+    o.dest_qp_num = a.dest_qpn.map_or(0, |n| n.get());
+    o.qp_access_flags = a.access_flags.map_or(0, |f| f.bits());
+    o.cap = ibv_qp_cap {
+        max_send_wr: init.caps.max_send_wr,
+        max_recv_wr: init.caps.max_recv_wr,
+        max_send_sge: init.caps.max_send_sge,
+        max_recv_sge: init.caps.max_recv_sge,
+        max_inline_data: init.caps.max_inline_data,
+    };
+    if let Some(r) = a.remote {
+        o.ah_attr.is_global = 1;
+        o.ah_attr.grh.dgid = softrdma::gid_of(r.ip());
+        o.ah_attr.grh.hop_limit = 64;
+        o.ah_attr.grh.traffic_class = a.traffic_class.unwrap_or(0);
+        o.ah_attr.port_num = 1;
+    }
+    o.pkey_index = a.pkey_index.unwrap_or(0);
+    o.max_rd_atomic = a.max_rd_atomic.unwrap_or(0);
+    o.max_dest_rd_atomic = a.max_dest_rd_atomic.unwrap_or(0);
+    o.min_rnr_timer = a.min_rnr_timer.unwrap_or(0);
+    o.port_num = a.port.unwrap_or(1);
+    o.timeout = a.timeout.unwrap_or(0);
+    o.retry_cnt = a.retry_cnt.unwrap_or(0);
+    o.rnr_retry = a.rnr_retry.unwrap_or(0);
+    // SAFETY: the caller's out-structures.
+    unsafe {
+        *attr = o;
+        if !init_attr.is_null() {
+            let i = &mut *init_attr;
+            i.qp_context = q.ibv.qp_context;
+            i.send_cq = q.ibv.send_cq;
+            i.recv_cq = q.ibv.recv_cq;
+            i.srq = q.ibv.srq;
+            i.cap = o.cap;
+            i.qp_type = q.ibv.qp_type;
+            i.sq_sig_all = c_int::from(init.sq_sig_all);
+        }
+    }
+    0
+}
+
+/// The scatter/gather list of a C work request.
+///
+/// # Safety
+/// `sg` points to `n` entries (or `n` is 0).
+unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Option<Vec<Sge>> {
+    if n < 0 || (n > 0 && sg.is_null()) {
+        return None;
+    }
+    // SAFETY: by the contract.
+    let list = if n == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(sg, n as usize) } };
+    Some(list.iter().map(|s| Sge { addr: s.addr, length: s.length, lkey: softrdma::Lkey(s.lkey) }).collect())
+}
+
+/// The runtime's work request for a C one; `None` for an opcode or shape softrdma refuses.
+///
+/// # Safety
+/// `w` is a valid work request whose `sg_list` and (for UD) `ah` are valid.
+unsafe fn send_wr(w: &ibv_send_wr, ud: bool) -> Option<SendWr> {
+    // SAFETY: the union's member is chosen by opcode and QP type, as verbs defines.
+    let (rdma, atomic, udw) = unsafe { (w.wr.rdma, w.wr.atomic, w.wr.ud) };
+    let op = match w.opcode {
+        IBV_WR_SEND => SendOp::Send,
+        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm(u32::from_be(w.imm_data)),
+        IBV_WR_SEND_WITH_INV => SendOp::SendWithInv(Rkey(w.imm_data)),
+        IBV_WR_RDMA_WRITE => SendOp::Write { remote_addr: rdma.remote_addr, rkey: Rkey(rdma.rkey) },
+        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
+            remote_addr: rdma.remote_addr,
+            rkey: Rkey(rdma.rkey),
+            imm: u32::from_be(w.imm_data),
+        },
+        IBV_WR_RDMA_READ => SendOp::Read { remote_addr: rdma.remote_addr, rkey: Rkey(rdma.rkey) },
+        IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+            remote_addr: atomic.remote_addr,
+            rkey: Rkey(atomic.rkey),
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        IBV_WR_ATOMIC_FETCH_AND_ADD => {
+            SendOp::FetchAdd { remote_addr: atomic.remote_addr, rkey: Rkey(atomic.rkey), add: atomic.compare_add }
+        }
+        _ => return None,
+    };
+    let f = w.send_flags;
+    let flags = SendFlags {
+        signaled: f & IBV_SEND_SIGNALED != 0,
+        solicited: f & IBV_SEND_SOLICITED != 0,
+        fence: f & IBV_SEND_FENCE != 0,
+        inline: f & IBV_SEND_INLINE != 0,
+    };
+    let ud = if ud {
+        if udw.ah.is_null() {
+            return None;
+        }
+        // SAFETY: a live AH.
+        let ah: &AddressHandle = unsafe { &(*udw.ah.cast::<Ah>()).rt };
+        Some(ah.dest(Qpn::new(udw.remote_qpn & 0xFF_FFFF), Qkey(udw.remote_qkey)))
+    } else {
+        None
+    };
+    // SAFETY: by the contract.
+    let sg_list = unsafe { sges(w.sg_list, w.num_sge) }?;
+    Some(SendWr { wr_id: w.wr_id, op, sg_list, flags, ud })
+}
+
+/// `ops.post_send`.
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    if qp.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a live QP.
+    let q = unsafe { qp_of(qp) };
+    let ud = q.ibv.qp_type == IBV_QPT_UD;
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: the caller's linked list of valid work requests.
+        let w = unsafe { &*cur };
+        // SAFETY: as above.
+        let r = match unsafe { send_wr(w, ud) } {
+            None => libc::EINVAL,
+            Some(sw) => match guard(Err(softrdma::Error::InvalidArgument("panic")), || q.rt.post_send(sw)) {
+                Ok(()) => 0,
+                Err(e) => e.errno(),
+            },
+        };
+        if r != 0 {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = cur };
+            }
+            return r;
+        }
+        cur = w.next;
+    }
+    0
+}
+
+/// Posts a C receive list through `post`.
+///
+/// # Safety
+/// `wr` is a valid linked list of receive work requests; `bad_wr` is NULL or writable.
+unsafe fn post_recv_list(
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    post: impl Fn(RecvWr) -> softrdma::Result<()>,
+) -> c_int {
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: by the contract.
+        let w = unsafe { &*cur };
+        // SAFETY: as above.
+        let r = match unsafe { sges(w.sg_list, w.num_sge) } {
+            None => libc::EINVAL,
+            Some(sg_list) => match guard(Err(softrdma::Error::InvalidArgument("panic")), || {
+                post(RecvWr { wr_id: w.wr_id, sg_list })
+            }) {
+                Ok(()) => 0,
+                Err(e) => e.errno(),
+            },
+        };
+        if r != 0 {
+            if !bad_wr.is_null() {
+                // SAFETY: by the contract.
+                unsafe { *bad_wr = cur };
+            }
+            return r;
+        }
+        cur = w.next;
+    }
+    0
+}
+
+/// `ops.post_recv`.
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    if qp.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a live QP.
+    let q = unsafe { qp_of(qp) };
+    // SAFETY: the caller's list.
+    unsafe { post_recv_list(wr, bad_wr, |w| q.rt.post_recv(w)) }
+}
+
+// ---- Shared receive queues -----------------------------------------------------------
+
+#[repr(C)]
+pub(crate) struct Srq {
+    ibv: ibv_srq,
+    rt: SharedReceiveQueue,
+    attr: ibv_srq_attr,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+    if pd.is_null() || attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a live PD and the caller's attributes.
+    let (p, a) = unsafe { (pd_of(pd), &mut *attr) };
+    let max_sge = a.attr.max_sge.max(1);
+    match p.rt.create_srq(a.attr.max_wr, max_sge) {
+        Ok(rt) => {
+            // SAFETY: plain data; pointers set below.
+            let mut ibv: ibv_srq = unsafe { std::mem::zeroed() };
+            ibv.context = p.ibv.context;
+            ibv.srq_context = a.srq_context;
+            ibv.pd = pd;
+            a.attr.max_sge = max_sge;
+            let attr = a.attr;
+            Box::into_raw(Box::new(Srq { ibv, rt, attr })).cast()
+        }
+        Err(e) => fail(e.errno()),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    if srq.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: an SRQ from ibv_create_srq whose QPs are destroyed.
+    drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    if srq.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a live SRQ; the caller's out-structure.
+    unsafe { *attr = (*srq.cast::<Srq>()).attr };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, _attr: *mut ibv_srq_attr, _mask: c_int) -> c_int {
+    if srq.is_null() {
+        return libc::EINVAL;
+    }
+    // Resizing and the limit event are not offered.
+    libc::EOPNOTSUPP
+}
+
+/// `ops.post_srq_recv`.
+pub(crate) unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    if srq.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a live SRQ.
+    let s = unsafe { &*srq.cast::<Srq>() };
+    // SAFETY: the caller's list.
+    unsafe { post_recv_list(wr, bad_wr, |w| s.rt.post_recv(w)) }
+}
+
+// ---- Address handles -----------------------------------------------------------------
+
+#[repr(C)]
+pub(crate) struct Ah {
+    ibv: ibv_ah,
+    rt: AddressHandle,
+}
+
+fn new_ah(pd: *mut ibv_pd, p: &Pd, r: softrdma::Result<AddressHandle>) -> *mut ibv_ah {
+    match r {
+        Ok(rt) => {
+            let ibv = ibv_ah { context: p.ibv.context, pd, handle: 0 };
+            Box::into_raw(Box::new(Ah { ibv, rt })).cast()
+        }
+        Err(e) => fail(e.errno()),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    if pd.is_null() || attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a live PD and the caller's attributes.
+    let (p, a) = unsafe { (pd_of(pd), &*attr) };
+    if a.is_global == 0 {
+        return fail(libc::EINVAL); // RoCE needs a GRH
+    }
+    let attr = AhAttr {
+        dgid: a.grh.dgid,
+        sgid_index: Some(a.grh.sgid_index),
+        flow_label: a.grh.flow_label,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        port_num: a.port_num,
+        udp_port: None,
+    };
+    new_ah(pd, p, p.rt.create_ah(&attr))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut u8,
+    _port: u8,
+) -> *mut ibv_ah {
+    if pd.is_null() || wc.is_null() || grh.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a live PD, the caller's completion and its 40-byte GRH area.
+    let (p, w, g) = unsafe { (pd_of(pd), &*wc, std::slice::from_raw_parts(grh, 40)) };
+    if w.wc_flags & IBV_WC_GRH == 0 {
+        return fail(libc::EINVAL);
+    }
+    let rt_wc = WorkCompletion {
+        grh: true,
+        src: None,
+        qp_num: Qpn::new(w.qp_num & 0xFF_FFFF),
+        src_qp: Qpn::new(w.src_qp & 0xFF_FFFF),
+        ..softrdma::EMPTY_WC
+    };
+    new_ah(pd, p, p.rt.create_ah_from_wc(&rt_wc, Some(g)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    if ah.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: an AH from ibv_create_ah; posted sends hold their own copy of the address.
+    drop(unsafe { Box::from_raw(ah.cast::<Ah>()) });
+    0
+}
+
+// ---- Not offered ---------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const [u8; 16], _lid: u16) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const [u8; 16], _lid: u16) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+/// The extended QP (`ibv_wr_*` posting) is not offered: NULL with EOPNOTSUPP, which
+/// programs check (perftest uses `ibv_post_send` unless it recognises an mlx5 or EFA part).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
+    fail(libc::EOPNOTSUPP)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_wc_status_str(status: c_int) -> *const std::ffi::c_char {
+    let s: &std::ffi::CStr = match status {
+        0 => c"success",
+        1 => c"local length error",
+        2 => c"local QP operation error",
+        3 => c"local EE context operation error",
+        4 => c"local protection error",
+        5 => c"Work Request Flushed Error",
+        6 => c"memory management operation error",
+        7 => c"bad response error",
+        8 => c"local access error",
+        9 => c"remote invalid request error",
+        10 => c"remote access error",
+        11 => c"remote operation error",
+        12 => c"transport retry counter exceeded",
+        13 => c"RNR retry counter exceeded",
+        14 => c"local RDD violation error",
+        15 => c"remote invalid RD request",
+        16 => c"aborted error",
+        17 => c"invalid EE context number",
+        18 => c"invalid EE context state",
+        19 => c"fatal error",
+        20 => c"response timeout error",
+        21 => c"general error",
+        22 => c"TM error",
+        23 => c"TM Rendezvous Request Error",
+        _ => c"unknown",
+    };
+    s.as_ptr()
+}
