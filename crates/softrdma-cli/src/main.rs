@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod capture;
 mod decode;
 mod exchange;
+mod exec;
 mod memserver;
 mod perf;
 mod pingpong;
@@ -73,6 +74,13 @@ enum Command {
     Stat(status::StatArgs),
     /// Show which interface each device is on (like ibdev2netdev).
     Link(status::LinkArgs),
+    /// Run an unmodified RDMA program (ibv_rc_pingpong, ib_write_bw, ...) on softrdma.
+    ///
+    /// Puts softrdma's drop-in libibverbs.so.1 on the program's library path and gives it
+    /// its address: `softrdma exec --bind 127.0.0.2 -- ib_write_bw` and
+    /// `softrdma exec --bind 127.0.0.3 -- ib_write_bw 127.0.0.2`. The libraries are built
+    /// by scripts/build-libs.sh.
+    Exec(exec::ExecArgs),
 }
 
 fn main() {
@@ -95,6 +103,7 @@ fn main() {
         Command::Devinfo(args) => status::devinfo(&args),
         Command::Stat(args) => status::stat(&args),
         Command::Link(args) => status::link(&args),
+        Command::Exec(args) => exec::run(&args),
     };
     std::process::exit(code);
 }

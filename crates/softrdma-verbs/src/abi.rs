@@ -134,7 +134,7 @@ pub struct ibv_port_attr {
 
 #[repr(C)]
 pub struct ibv_gid_entry {
-    pub gid: [u8; 16],
+    pub gid: ibv_gid,
     pub gid_index: u32,
     pub port_num: u32,
     pub gid_type: u32,
@@ -315,10 +315,17 @@ pub struct ibv_qp_init_attr {
     pub sq_sig_all: c_int,
 }
 
+/// `union ibv_gid`: 16 bytes, aligned as its `global` view's two `__be64`s.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_gid {
+    pub raw: [u8; 16],
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct ibv_global_route {
-    pub dgid: [u8; 16],
+    pub dgid: ibv_gid,
     pub flow_label: u32,
     pub sgid_index: u8,
     pub hop_limit: u8,

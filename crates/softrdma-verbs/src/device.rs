@@ -386,7 +386,7 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     // SAFETY: entry points to an ibv_gid_entry (size checked).
     unsafe {
         *entry = ibv_gid_entry {
-            gid: g.gid,
+            gid: ibv_gid { raw: g.gid },
             gid_index: index,
             port_num: port,
             gid_type: IBV_GID_TYPE_ROCE_V2,

@@ -517,7 +517,7 @@ fn rt_attr(a: &ibv_qp_attr, mask: QpAttrMask) -> Option<QpAttr> {
             // RoCE addresses by GID; a LID-only address vector names nobody.
             return None;
         }
-        Some(SocketAddr::new(addr_of_gid(a.ah_attr.grh.dgid), softrdma::default_port()))
+        Some(SocketAddr::new(addr_of_gid(a.ah_attr.grh.dgid.raw), softrdma::default_port()))
     } else {
         None
     };
@@ -576,7 +576,7 @@ pub unsafe extern "C" fn ibv_query_qp(
     };
     if let Some(r) = a.remote {
         o.ah_attr.is_global = 1;
-        o.ah_attr.grh.dgid = softrdma::gid_of(r.ip());
+        o.ah_attr.grh.dgid = ibv_gid { raw: softrdma::gid_of(r.ip()) };
         o.ah_attr.grh.hop_limit = 64;
         o.ah_attr.grh.traffic_class = a.traffic_class.unwrap_or(0);
         o.ah_attr.port_num = 1;
@@ -861,7 +861,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         return fail(libc::EINVAL); // RoCE needs a GRH
     }
     let attr = AhAttr {
-        dgid: a.grh.dgid,
+        dgid: a.grh.dgid.raw,
         sgid_index: Some(a.grh.sgid_index),
         flow_label: a.grh.flow_label,
         hop_limit: a.grh.hop_limit,

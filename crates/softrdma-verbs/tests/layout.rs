@@ -1,0 +1,156 @@
+//! Every structure of `softrdma_verbs::abi` against the real `<infiniband/verbs.h>`: a C
+//! program compiled against Debian's libibverbs-dev prints the size of each structure and
+//! the offset and size of each field the library reads or writes, and they must equal
+//! Rust's. Without the header the test is skipped, unless CI is set.
+
+use std::mem::{offset_of, size_of};
+use std::process::Command;
+
+use softrdma_verbs::abi::*;
+
+/// The size of a field, from a projection closure.
+fn field_size<T, F>(_: fn(&T) -> &F) -> usize {
+    size_of::<F>()
+}
+
+/// (C expression naming the member, Rust offset, Rust size) or (struct, size).
+enum Item {
+    Size(&'static str, usize),
+    Field(&'static str, &'static str, usize, usize),
+}
+
+macro_rules! layout {
+    ($($ty:ident { $($f:ident),* $(,)? })*) => {{
+        let mut v = Vec::new();
+        $(
+            v.push(Item::Size(stringify!($ty), size_of::<$ty>()));
+            $( v.push(Item::Field(stringify!($ty), stringify!($f), offset_of!($ty, $f),
+                field_size(|s: &$ty| &s.$f))); )*
+        )*
+        v
+    }};
+}
+
+fn items() -> Vec<Item> {
+    let mut v = layout! {
+        ibv_device { node_type, transport_type, name, dev_name, dev_path, ibdev_path }
+        ibv_context_ops { poll_cq, req_notify_cq, post_srq_recv, post_send, post_recv }
+        ibv_context { device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat }
+        ibv_device_attr {
+            fw_ver, node_guid, sys_image_guid, max_mr_size, page_size_cap, vendor_id, vendor_part_id,
+            hw_ver, max_qp, max_qp_wr, device_cap_flags, max_sge, max_sge_rd, max_cq, max_cqe, max_mr,
+            max_pd, max_qp_rd_atom, max_ee_rd_atom, max_res_rd_atom, max_qp_init_rd_atom,
+            max_ee_init_rd_atom, atomic_cap, max_ee, max_rdd, max_mw, max_raw_ipv6_qp, max_raw_ethy_qp,
+            max_mcast_grp, max_mcast_qp_attach, max_total_mcast_qp_attach, max_ah, max_fmr,
+            max_map_per_fmr, max_srq, max_srq_wr, max_srq_sge, max_pkeys, local_ca_ack_delay,
+            phys_port_cnt,
+        }
+        ibv_port_attr {
+            state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags, max_msg_sz, bad_pkey_cntr,
+            qkey_viol_cntr, pkey_tbl_len, lid, sm_lid, lmc, max_vl_num, sm_sl, subnet_timeout,
+            init_type_reply, active_width, active_speed, phys_state, link_layer, flags, port_cap_flags2,
+        }
+        ibv_gid_entry { gid, gid_index, port_num, gid_type, ndev_ifindex }
+        ibv_pd { context, handle }
+        ibv_mr { context, pd, addr, length, handle, lkey, rkey }
+        ibv_comp_channel { context, fd, refcnt }
+        ibv_cq { context, channel, cq_context, handle, cqe, mutex, cond, comp_events_completed,
+                 async_events_completed }
+        ibv_srq { context, srq_context, pd, handle, mutex, cond, events_completed }
+        ibv_qp { context, qp_context, pd, send_cq, recv_cq, srq, handle, qp_num, state, qp_type, mutex,
+                 cond, events_completed }
+        ibv_ah { context, pd, handle }
+        ibv_sge { addr, length, lkey }
+        ibv_send_wr { wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data, wr }
+        ibv_recv_wr { wr_id, next, sg_list, num_sge }
+        ibv_wc { wr_id, status, opcode, vendor_err, byte_len, imm_data, qp_num, src_qp, wc_flags,
+                 pkey_index, slid, sl, dlid_path_bits }
+        ibv_qp_cap { max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data }
+        ibv_qp_init_attr { qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all }
+        ibv_gid { raw }
+        ibv_global_route { dgid, flow_label, sgid_index, hop_limit, traffic_class }
+        ibv_ah_attr { grh, dlid, sl, src_path_bits, static_rate, is_global, port_num }
+        ibv_qp_attr {
+            qp_state, cur_qp_state, path_mtu, path_mig_state, qkey, rq_psn, sq_psn, dest_qp_num,
+            qp_access_flags, cap, ah_attr, alt_ah_attr, pkey_index, alt_pkey_index, en_sqd_async_notify,
+            sq_draining, max_rd_atomic, max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt,
+            rnr_retry, alt_port_num, alt_timeout, rate_limit,
+        }
+        ibv_srq_attr { max_wr, max_sge, srq_limit }
+        ibv_srq_init_attr { srq_context, attr }
+        ibv_async_event { element, event_type }
+    };
+    // The work request's union members, as C names them.
+    let wr = offset_of!(ibv_send_wr, wr);
+    let nested = [
+        ("wr.rdma.remote_addr", wr + offset_of!(ibv_rdma, remote_addr), 8),
+        ("wr.rdma.rkey", wr + offset_of!(ibv_rdma, rkey), 4),
+        ("wr.atomic.remote_addr", wr + offset_of!(ibv_atomic, remote_addr), 8),
+        ("wr.atomic.compare_add", wr + offset_of!(ibv_atomic, compare_add), 8),
+        ("wr.atomic.swap", wr + offset_of!(ibv_atomic, swap), 8),
+        ("wr.atomic.rkey", wr + offset_of!(ibv_atomic, rkey), 4),
+        ("wr.ud.ah", wr + offset_of!(ibv_ud, ah), 8),
+        ("wr.ud.remote_qpn", wr + offset_of!(ibv_ud, remote_qpn), 4),
+        ("wr.ud.remote_qkey", wr + offset_of!(ibv_ud, remote_qkey), 4),
+    ];
+    for (path, off, size) in nested {
+        v.push(Item::Field("ibv_send_wr", path, off, size));
+    }
+    v
+}
+
+/// `union` for the C unions mirrored as Rust structures, `struct` for the rest.
+fn tag(name: &str) -> &'static str {
+    if name == "ibv_gid" {
+        "union"
+    } else {
+        "struct"
+    }
+}
+
+#[test]
+fn structures_match_the_real_header() {
+    if !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
+        assert!(std::env::var_os("CI").is_none(), "CI needs libibverbs-dev for the layout test");
+        eprintln!("skipped: /usr/include/infiniband/verbs.h missing (apt-get install libibverbs-dev)");
+        return;
+    }
+    let items = items();
+    let mut c = String::from(
+        "#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\n\
+         #define F(t, s, f) printf(\"%s.%s %zu %zu\\n\", #s, #f, offsetof(t s, f), sizeof(((t s *)0)->f))\n\
+         int main(void) {\n",
+    );
+    for it in &items {
+        match it {
+            Item::Size(s, _) => c += &format!("printf(\"{s} %zu\\n\", sizeof({} {s}));\n", tag(s)),
+            Item::Field(s, f, _, _) => c += &format!("F({}, {s}, {f});\n", tag(s)),
+        }
+    }
+    c += "return 0; }\n";
+    let dir = std::env::temp_dir().join(format!("softrdma-layout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, exe) = (dir.join("layout.c"), dir.join("layout"));
+    std::fs::write(&src, c).unwrap();
+    let cc = Command::new("cc").arg("-o").arg(&exe).arg(&src).output().expect("run cc");
+    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    let out = Command::new(&exe).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    let mut wrong = Vec::new();
+    for it in &items {
+        let line = lines.next().expect("a line per item");
+        let got: Vec<&str> = line.split(' ').collect();
+        let (name, want) = match it {
+            Item::Size(s, n) => (s.to_string(), vec![n.to_string()]),
+            Item::Field(s, f, off, size) => (format!("{s}.{f}"), vec![off.to_string(), size.to_string()]),
+        };
+        assert_eq!(got[0], name);
+        if got[1..] != want.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+            wrong.push(format!("{name}: C {:?}, Rust {want:?}", &got[1..]));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(wrong.is_empty(), "layouts differ:\n{}", wrong.join("\n"));
+    assert!(items.len() > 200, "{} items checked", items.len());
+}

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The drop-in libraries' acceptance suite: unmodified rdma-core tools and perftest on
+# softrdma, each pair of processes on 127.0.0.2 (server) and 127.0.0.3 (client), every run
+# bounded in time. Prints a table (program, options, result) and exits 1 if any run fails.
+#
+# Needs Debian's ibverbs-utils and perftest; without them it says so and exits 0, unless
+# CI is set (then missing tools are a failure). Usage: scripts/acceptance.sh [--quick]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+for tool in ibv_devinfo ibv_rc_pingpong ib_write_bw; do
+  if ! command -v $tool >/dev/null; then
+    echo "acceptance: $tool not installed (apt-get install ibverbs-utils perftest)"
+    [ -n "${CI:-}" ] && exit 1
+    exit 0
+  fi
+done
+
+libdir=$(scripts/build-libs.sh) || exit 1
+cargo build --release -q -p softrdma-cli || exit 1
+softrdma=$PWD/target/release/softrdma
+export SOFTRDMA_LIB_DIR=$libdir
+srv_ip=127.0.0.2
+cli_ip=127.0.0.3
+tcp=$((20000 + $$ % 20000))
+logs=$(mktemp -d)
+pass=0
+fail=0
+table=()
+
+record() { # program options result
+  table+=("$(printf '%-18s %-34s %s' "$1" "$2" "$3")")
+  if [ "${3%% *}" = ok ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+}
+
+# One server/client pair: pair NAME "OPTIONS" SERVER-CMD... :: CLIENT-CMD...
+# The result is ok when both exit 0 within the limit; the client's last figure is kept.
+pair() {
+  local name=$1 opts=$2
+  shift 2
+  local server=() client=()
+  while [ "$1" != "::" ]; do server+=("$1"); shift; done
+  shift
+  client=("$@")
+  tcp=$((tcp + 1))
+  local s_log=$logs/${name//\//_}.$tcp.server c_log=$logs/${name//\//_}.$tcp.client
+  timeout 60 "${server[@]//@PORT@/$tcp}" >"$s_log" 2>&1 &
+  local spid=$!
+  sleep 0.3
+  timeout 60 "${client[@]//@PORT@/$tcp}" >"$c_log" 2>&1
+  local crc=$?
+  wait $spid
+  local src=$?
+  if [ $crc -eq 0 ] && [ $src -eq 0 ]; then
+    record "$name" "$opts" "ok  $(figure "$c_log")"
+  else
+    record "$name" "$opts" "FAIL (server $src, client $crc)"
+    echo "---- $name $opts: server" >&2; tail -5 "$s_log" >&2
+    echo "---- $name $opts: client" >&2; tail -5 "$c_log" >&2
+  fi
+}
+
+# The headline figure of a run: the pingpongs' usec/iter, perftest's last table row.
+figure() {
+  if grep -q "usec/iter" "$1"; then
+    grep "usec/iter" "$1" | tail -1 | sed 's/.*= //'
+  else
+    awk '/^ *#bytes/ {h=1; next} h && NF>3 && $1 ~ /^[0-9]+$/ {row=$0} END {print row}' "$1" | tr -s ' \t' ' '
+  fi
+}
+
+on() { # address command...: run a program on softrdma bound to the address
+  local ip=$1
+  shift
+  echo "$softrdma" exec --bind "$ip" -- "$@"
+}
+
+# ---- Status tools --------------------------------------------------------------------
+check_output() { # name options pattern command...
+  local name=$1 opts=$2 pattern=$3
+  shift 3
+  local out
+  out=$(timeout 20 "$softrdma" exec --bind $srv_ip -- "$@" 2>&1)
+  if [ $? -eq 0 ] && grep -qE "$pattern" <<<"$out"; then
+    record "$name" "$opts" "ok"
+  else
+    record "$name" "$opts" "FAIL"
+    echo "$out" | head -20 >&2
+  fi
+}
+check_output ibv_devices "" "srdma_lo" ibv_devices
+check_output ibv_devinfo "" "PORT_ACTIVE \(4\)" ibv_devinfo -d srdma_lo
+check_output ibv_devinfo "-v" "GID\[  0\]:.*::ffff:127.0.0.2, RoCE v2" ibv_devinfo -v -d srdma_lo
+
+# ---- rdma-core's pingpongs -----------------------------------------------------------
+for prog in ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong; do
+  variants=("" "-e")
+  [ $prog != ibv_ud_pingpong ] && variants+=("-s 65536")
+  for v in "${variants[@]}"; do
+    # shellcheck disable=SC2086
+    pair $prog "-g 0 $v" $(on $srv_ip $prog -g 0 -p @PORT@ $v) :: $(on $cli_ip $prog -g 0 -p @PORT@ $v 127.0.0.1)
+  done
+done
+
+# ---- perftest ------------------------------------------------------------------------
+iters=(-n 2000)
+[ $quick = 1 ] && iters=(-n 200)
+for t in send write read atomic; do
+  for kind in bw lat; do
+    prog=ib_${t}_$kind
+    # shellcheck disable=SC2086
+    pair $prog "${iters[*]}" $(on $srv_ip $prog -p @PORT@ ${iters[@]}) :: $(on $cli_ip $prog -p @PORT@ ${iters[@]} $srv_ip)
+  done
+done
+for prog in ib_send_bw ib_send_lat; do
+  # shellcheck disable=SC2086
+  pair $prog "-c UD ${iters[*]}" $(on $srv_ip $prog -c UD -p @PORT@ ${iters[@]}) :: \
+    $(on $cli_ip $prog -c UD -p @PORT@ ${iters[@]} $srv_ip)
+done
+if [ $quick = 0 ]; then
+  for opts in "-a -n 100" "-q 4 -n 2000" "-D 2" "--report_gbits -n 2000"; do
+    # shellcheck disable=SC2086
+    pair ib_write_bw "$opts" $(on $srv_ip ib_write_bw -p @PORT@ $opts) :: $(on $cli_ip ib_write_bw -p @PORT@ $opts $srv_ip)
+  done
+  # shellcheck disable=SC2086
+  pair ib_send_bw "-e -n 2000" $(on $srv_ip ib_send_bw -e -p @PORT@ -n 2000) :: \
+    $(on $cli_ip ib_send_bw -e -p @PORT@ -n 2000 $srv_ip)
+  # shellcheck disable=SC2086
+  pair ib_send_lat "-a -n 100" $(on $srv_ip ib_send_lat -a -p @PORT@ -n 100) :: \
+    $(on $cli_ip ib_send_lat -a -p @PORT@ -n 100 $srv_ip)
+fi
+
+# ---- Mixed pairs: perftest on the C library against softrdma perf on the Rust API -----
+# shellcheck disable=SC2086
+pair "ib_write_bw/perf" "C server, Rust client" $(on $srv_ip ib_write_bw -p @PORT@ -n 2000) :: \
+  $softrdma perf write_bw -d $cli_ip -p @PORT@ -n 2000 $srv_ip
+# shellcheck disable=SC2086
+pair "perf/ib_send_lat" "Rust server, C client" $softrdma perf send_lat -d $srv_ip -p @PORT@ -n 2000 :: \
+  $(on $cli_ip ib_send_lat -p @PORT@ -n 2000 $srv_ip)
+
+# ---- Not yet offered -----------------------------------------------------------------
+table+=("$(printf '%-18s %-34s %s' ibv_rc_pingpong "-N, -t (extended verbs)" "not offered yet")")
+for t in ucx_perftest mpirun; do
+  command -v $t >/dev/null || table+=("$(printf '%-18s %-34s %s' $t "" "not installed")")
+done
+
+echo
+printf '%-18s %-34s %s\n' program options result
+printf '%s\n' "${table[@]}"
+echo
+echo "acceptance: $pass passed, $fail failed (logs in $logs)"
+[ $fail -eq 0 ]
