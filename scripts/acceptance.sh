@@ -22,6 +22,9 @@ libdir=$(scripts/build-libs.sh) || exit 1
 cargo build --release -q -p softrdma-cli || exit 1
 softrdma=$PWD/target/release/softrdma
 export SOFTRDMA_LIB_DIR=$libdir
+# A UDP port of this run's own (both sides use it), so that another run or a local rxe on
+# 4791 does not collide.
+export SOFTRDMA_PORT=$((30000 + $$ % 20000))
 srv_ip=127.0.0.2
 cli_ip=127.0.0.3
 tcp=$((20000 + $$ % 20000))
