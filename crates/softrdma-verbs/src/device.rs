@@ -43,8 +43,8 @@ fn copy_str(dst: &mut [c_char], s: &str) {
 /// The host's devices, as `softrdma devices` lists them, the bound address's first. Built
 /// once per process: `ibv_device` pointers stay valid for the process's life, as
 /// rdma-core's do.
-pub(crate) fn devices() -> &'static [Box<Dev>] {
-    static LIST: OnceLock<Vec<Box<Dev>>> = OnceLock::new();
+pub(crate) fn devices() -> &'static [Dev] {
+    static LIST: OnceLock<Vec<Dev>> = OnceLock::new();
     LIST.get_or_init(|| {
         let mut descs = softrdma::devices().unwrap_or_default();
         if let Some(bind) = std::env::var(BIND_ENV).ok().and_then(|b| b.trim().parse::<IpAddr>().ok()) {
@@ -71,7 +71,7 @@ pub(crate) fn devices() -> &'static [Box<Dev>] {
                     copy_str(&mut ibv.ibdev_path, &dir);
                     copy_str(&mut ibv.dev_path, &dir);
                 }
-                Box::new(Dev { ibv, desc })
+                Dev { ibv, desc }
             })
             .collect()
     })
@@ -123,11 +123,14 @@ fn write_sysfs(root: &std::path::Path, d: &Device) -> String {
 
 fn guid_str(g: u64) -> String {
     let b = g.to_be_bytes();
-    format!("{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}", b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7])
+    format!(
+        "{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}",
+        b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]
+    )
 }
 
 pub(crate) fn dev_of(device: *mut ibv_device) -> Option<&'static Dev> {
-    devices().iter().find(|d| ptr::eq(&d.ibv, device)).map(|d| &**d)
+    devices().iter().find(|d| ptr::eq(&d.ibv, device))
 }
 
 // ---- Device list ---------------------------------------------------------------------
@@ -236,7 +239,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         }
     };
     let foreign = std::env::var(FOREIGN_ENV).is_ok_and(|v| v != "0" && !v.is_empty());
-    Ctx::new(device, rt, foreign)
+    Ctx::open(device, rt, foreign)
 }
 
 #[no_mangle]
@@ -301,7 +304,11 @@ pub(crate) fn fill_device_attr(d: &Device, out: &mut ibv_device_attr) {
 /// 52-byte `ibv_port_attr` after zeroing it (the inline `ibv_query_port` does); older
 /// callers' structure ends 4 bytes earlier, so only the first 48 bytes are written.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port: u8, out: *mut ibv_port_attr) -> c_int {
+pub unsafe extern "C" fn ibv_query_port(
+    context: *mut ibv_context,
+    port: u8,
+    out: *mut ibv_port_attr,
+) -> c_int {
     if context.is_null() || out.is_null() {
         return libc::EINVAL;
     }
@@ -343,7 +350,12 @@ pub(crate) fn port_attr(d: &Device) -> ibv_port_attr {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_gid(context: *mut ibv_context, port: u8, index: c_int, gid: *mut [u8; 16]) -> c_int {
+pub unsafe extern "C" fn ibv_query_gid(
+    context: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut [u8; 16],
+) -> c_int {
     if context.is_null() || gid.is_null() || port != 1 || index < 0 {
         return -1;
     }
@@ -369,7 +381,8 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
-    if context.is_null() || entry.is_null() || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+    if context.is_null() || entry.is_null() || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>()
+    {
         return libc::EINVAL;
     }
     if port != 1 {
@@ -418,7 +431,12 @@ pub unsafe extern "C" fn ibv_query_gid_type(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_pkey(context: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
+pub unsafe extern "C" fn ibv_query_pkey(
+    context: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
     if context.is_null() || pkey.is_null() || port != 1 || index != 0 {
         return -1;
     }
@@ -442,7 +460,10 @@ pub unsafe extern "C" fn ibv_get_pkey_index(context: *mut ibv_context, port: u8,
 // ---- Async events --------------------------------------------------------------------
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
+pub unsafe extern "C" fn ibv_get_async_event(
+    context: *mut ibv_context,
+    event: *mut ibv_async_event,
+) -> c_int {
     if context.is_null() || event.is_null() {
         return -1;
     }
@@ -451,7 +472,7 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
     loop {
         if let Some(ev) = ctx.rt.poll_async_event() {
             let (element, ty): (*mut c_void, c_int) = match ev {
-                softrdma::AsyncEvent::PortActive => (1usize as *mut c_void, IBV_EVENT_PORT_ACTIVE),
+                softrdma::AsyncEvent::PortActive => (ptr::without_provenance_mut(1), IBV_EVENT_PORT_ACTIVE), // port_num 1
                 softrdma::AsyncEvent::CqError { cq } => (ctx.cq_by_id(cq).cast(), IBV_EVENT_CQ_ERR),
                 softrdma::AsyncEvent::QpFatal { qpn } => (ctx.qp_by_num(qpn).cast(), IBV_EVENT_QP_FATAL),
                 _ => continue,

@@ -65,7 +65,7 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    fn new(device: *mut ibv_device, rt: Context, foreign: bool) -> *mut ibv_context {
+    fn open(device: *mut ibv_device, rt: Context, foreign: bool) -> *mut ibv_context {
         // SAFETY: plain data; null pointers and zero fds are filled below.
         let mut ibv: ibv_context = unsafe { std::mem::zeroed() };
         ibv.device = device;
@@ -91,7 +91,7 @@ impl Ctx {
     }
 
     /// # Safety
-    /// `p` came from [`Ctx::new`] and was not freed.
+    /// `p` came from [`Ctx::open`] and was not freed.
     pub(crate) unsafe fn from_ibv<'a>(p: *mut ibv_context) -> &'a Ctx {
         // SAFETY: by the contract, p is the `ibv` field of a live Ctx.
         unsafe { &*p.cast::<u8>().sub(std::mem::offset_of!(Ctx, ibv)).cast::<Ctx>() }

@@ -12,9 +12,9 @@ use std::ptr;
 
 use softrdma::proto::qp::ModifyError;
 use softrdma::{
-    addr_of_gid, Access, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, MemoryRegion, Mtu, Psn,
-    ProtectionDomain, QpAttr, QpAttrMask, QpBuilder, QpCaps, QpState, QpType, Qkey, Qpn, QueuePair, RecvWr,
-    Rkey, SendFlags, SendOp, SendWr, SharedReceiveQueue, Sge, WcOpcode, WorkCompletion,
+    addr_of_gid, Access, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, MemoryRegion, Mtu,
+    ProtectionDomain, Psn, Qkey, QpAttr, QpAttrMask, QpBuilder, QpCaps, QpState, QpType, Qpn, QueuePair,
+    RecvWr, Rkey, SendFlags, SendOp, SendWr, Sge, SharedReceiveQueue, WcOpcode, WorkCompletion,
 };
 
 use crate::abi::*;
@@ -76,7 +76,12 @@ struct Mr {
 /// Registers the application's own memory: RDMA WRITEs and atomics from peers land in it
 /// directly, the last byte of each packet last.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut ibv_mr {
     // SAFETY: forwarded under the same contract.
     unsafe { ibv_reg_mr_iova2(pd, addr, length, addr as u64, access as c_uint) }
 }
@@ -416,7 +421,9 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
     }
     // SAFETY: live CQs.
     let (scq, rcq) = unsafe { (cq_of(a.send_cq), cq_of(a.recv_cq)) };
-    let rt = match guard(Err(softrdma::Error::InvalidArgument("panic")), || p.rt.create_qp(&b, &scq.rt, &rcq.rt)) {
+    let rt = match guard(Err(softrdma::Error::InvalidArgument("panic")), || {
+        p.rt.create_qp(&b, &scq.rt, &rcq.rt)
+    }) {
         Ok(q) => q,
         Err(e) => return fail(e.errno()),
     };
@@ -643,9 +650,11 @@ unsafe fn send_wr(w: &ibv_send_wr, ud: bool) -> Option<SendWr> {
             compare: atomic.compare_add,
             swap: atomic.swap,
         },
-        IBV_WR_ATOMIC_FETCH_AND_ADD => {
-            SendOp::FetchAdd { remote_addr: atomic.remote_addr, rkey: Rkey(atomic.rkey), add: atomic.compare_add }
-        }
+        IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+            remote_addr: atomic.remote_addr,
+            rkey: Rkey(atomic.rkey),
+            add: atomic.compare_add,
+        },
         _ => return None,
     };
     let f = w.send_flags;

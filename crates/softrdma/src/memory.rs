@@ -112,7 +112,8 @@ impl MrInner {
             unsafe { std::ptr::copy_nonoverlapping(body.as_ptr(), dst, body.len()) };
             fence(Ordering::Release);
             // SAFETY: as above; AtomicU8 has u8's layout and any address is aligned for it.
-            unsafe { std::sync::atomic::AtomicU8::from_ptr(dst.add(body.len())) }.store(last, Ordering::Release);
+            unsafe { std::sync::atomic::AtomicU8::from_ptr(dst.add(body.len())) }
+                .store(last, Ordering::Release);
             return;
         };
         let merge = |word: &AtomicU64, at: usize, bytes: &[u8]| {
