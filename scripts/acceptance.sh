@@ -107,6 +107,10 @@ for prog in ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong; do
   done
 done
 
+# shellcheck disable=SC2086
+pair ibv_rc_pingpong "-g 0 -N (ibv_wr_* API)" $(on $srv_ip ibv_rc_pingpong -g 0 -N -p @PORT@) :: \
+  $(on $cli_ip ibv_rc_pingpong -g 0 -N -p @PORT@ 127.0.0.1)
+
 # ---- perftest ------------------------------------------------------------------------
 iters=(-n 2000)
 [ $quick = 1 ] && iters=(-n 200)
@@ -144,7 +148,7 @@ pair "perf/ib_send_lat" "Rust server, C client" $softrdma perf send_lat -d $srv_
   $(on $cli_ip ib_send_lat -p @PORT@ -n 2000 $srv_ip)
 
 # ---- Not yet offered -----------------------------------------------------------------
-table+=("$(printf '%-18s %-34s %s' ibv_rc_pingpong "-N, -t (extended verbs)" "not offered yet")")
+table+=("$(printf '%-18s %-34s %s' ibv_rc_pingpong "-t (extended CQ, timestamps)" "not offered yet")")
 for t in ucx_perftest mpirun; do
   command -v $t >/dev/null || table+=("$(printf '%-18s %-34s %s' $t "" "not installed")")
 done

@@ -206,6 +206,59 @@ pub struct ibv_qp {
     pub events_completed: u32,
 }
 
+/// What `struct ibv_qp_ex` adds after its `ibv_qp` (which is 160 bytes, 8-aligned): the
+/// `ibv_wr_*` posting interface. `tests/layout.rs` checks `160 + offset` against the header.
+#[repr(C)]
+pub struct ibv_qp_ex_tail {
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    pub wr_flags: c_uint,
+    pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp, u32, u64, u64, u64)>,
+    pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp, u32, u64, u64)>,
+    pub wr_bind_mw: *mut c_void,
+    pub wr_local_inv: *mut c_void,
+    pub wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp, u32, u64)>,
+    pub wr_rdma_write: Option<unsafe extern "C" fn(*mut ibv_qp, u32, u64)>,
+    pub wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut ibv_qp, u32, u64, u32)>,
+    pub wr_send: Option<unsafe extern "C" fn(*mut ibv_qp)>,
+    pub wr_send_imm: Option<unsafe extern "C" fn(*mut ibv_qp, u32)>,
+    pub wr_send_inv: *mut c_void,
+    pub wr_send_tso: *mut c_void,
+    pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_ah, u32, u32)>,
+    pub wr_set_xrc_srqn: *mut c_void,
+    pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp, *mut c_void, usize)>,
+    pub wr_set_inline_data_list: *mut c_void,
+    pub wr_set_sge: Option<unsafe extern "C" fn(*mut ibv_qp, u32, u64, u32)>,
+    pub wr_set_sge_list: Option<unsafe extern "C" fn(*mut ibv_qp, usize, *const ibv_sge)>,
+    pub wr_start: Option<unsafe extern "C" fn(*mut ibv_qp)>,
+    pub wr_complete: Option<unsafe extern "C" fn(*mut ibv_qp) -> c_int>,
+    pub wr_abort: Option<unsafe extern "C" fn(*mut ibv_qp)>,
+    pub wr_atomic_write: *mut c_void,
+}
+
+#[repr(C)]
+pub struct ibv_qp_init_attr_ex {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: c_int,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut c_void,
+    pub rx_hash_conf: [u64; 3],
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
+}
+
+pub const IBV_QP_INIT_ATTR_PD: u32 = 1 << 0;
+pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+
 #[repr(C)]
 pub struct ibv_ah {
     pub context: *mut ibv_context,

@@ -11,8 +11,9 @@
 //! (`ibv_pd`, `ibv_cq`, `ibv_qp`, ...), followed by the runtime handle it stands for; the C
 //! pointer is the structure's address. The context is the exception: `ibv_context` sits
 //! after 320 bytes reserved for `verbs_context`'s members, as rdma-core lays it out.
-//! The context is not extended (`abi_compat` is NULL), so the inline `_ex` helpers fall
-//! back to the basic calls or fail with EOPNOTSUPP, as they do on an old provider.
+//! The context is extended (`abi_compat` marks it): of `verbs_context`'s operations only
+//! `create_qp_ex` is set (with the `ibv_wr_*` posting API); for the others the inline
+//! `_ex` helpers fall back to the basic calls or fail with EOPNOTSUPP.
 //!
 //! Configuration, by environment:
 //! - `SOFTRDMA_BIND=ADDR`: the device holding ADDR is listed first and ADDR is its GID 0,
@@ -50,11 +51,18 @@ pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(on_panic)
 }
 
+const VCTX_WORDS: usize = 40;
+/// `verbs_context.sz`, 8 bytes before `ibv_context`.
+const VCTX_SZ: usize = 39;
+/// `verbs_context.create_qp_ex`, 56 bytes before `ibv_context`.
+const VCTX_CREATE_QP_EX: usize = 33;
+
 /// An open device: `ibv_context` and the runtime context behind it.
 #[repr(C)]
 pub(crate) struct Ctx {
-    /// `struct verbs_context`'s members before its `context` (unused: not extended).
-    _verbs_context: [u64; 40],
+    /// `struct verbs_context`'s members before its `context`: 40 words, of which `sz` and
+    /// `create_qp_ex` are set.
+    _verbs_context: [u64; VCTX_WORDS],
     pub(crate) ibv: ibv_context,
     pub(crate) rt: Context,
     /// Peers are foreign (`SOFTRDMA_FOREIGN`).
@@ -75,10 +83,16 @@ impl Ctx {
         ibv.ops.post_send = Some(verbs::post_send);
         ibv.ops.post_recv = Some(verbs::post_recv);
         ibv.cmd_fd = -1;
+        // Extended: verbs.h's inline helpers look for operations in `verbs_context`, before
+        // `ibv_context`; those left NULL fall back to the basic calls or EOPNOTSUPP.
+        ibv.abi_compat = std::ptr::without_provenance_mut(usize::MAX);
+        let mut vctx = [0u64; VCTX_WORDS];
+        vctx[VCTX_SZ] = (VCTX_WORDS * 8 + std::mem::size_of::<ibv_context>()) as u64;
+        vctx[VCTX_CREATE_QP_EX] = verbs::create_qp_ex as *const () as usize as u64;
         ibv.async_fd = rt.async_fd();
         ibv.num_comp_vectors = 1;
         let ctx = Box::new(Ctx {
-            _verbs_context: [0; 40],
+            _verbs_context: vctx,
             ibv,
             rt,
             foreign,

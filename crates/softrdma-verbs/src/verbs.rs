@@ -371,7 +371,12 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 #[repr(C)]
 pub(crate) struct Qp {
     ibv: ibv_qp,
+    /// Right after `ibv_qp`, so that the pointer is also an `ibv_qp_ex`.
+    ex: ibv_qp_ex_tail,
     rt: QueuePair,
+    /// Work requests built by `ibv_wr_*` since `ibv_wr_start`; `None` once one was
+    /// malformed (`ibv_wr_complete` then fails with EINVAL).
+    pending: std::sync::Mutex<Option<Vec<SendWr>>>,
 }
 
 /// # Safety
@@ -450,7 +455,10 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
     ibv.state = 0;
     ibv.qp_type = a.qp_type;
     let qpn = ibv.qp_num;
-    let q: *mut ibv_qp = Box::into_raw(Box::new(Qp { ibv, rt })).cast();
+    // SAFETY: plain data and null function pointers, set by ibv_create_qp_ex if asked for.
+    let ex: ibv_qp_ex_tail = unsafe { std::mem::zeroed() };
+    let pending = std::sync::Mutex::new(Some(Vec::new()));
+    let q: *mut ibv_qp = Box::into_raw(Box::new(Qp { ibv, ex, rt, pending })).cast();
     ctx.add_qp(qpn, q);
     q
 }
@@ -928,11 +936,198 @@ pub unsafe extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const [u8; 16
     libc::EOPNOTSUPP
 }
 
-/// The extended QP (`ibv_wr_*` posting) is not offered: NULL with EOPNOTSUPP, which
-/// programs check (perftest uses `ibv_post_send` unless it recognises an mlx5 or EFA part).
+/// The `ibv_qp_ex` of a QP created by `ibv_create_qp_ex` with send operations; NULL
+/// (EOPNOTSUPP) for others, which programs check.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
-    fail(libc::EOPNOTSUPP)
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp {
+    // SAFETY: a live QP.
+    if qp.is_null() || unsafe { qp_of(qp) }.ex.wr_start.is_none() {
+        return fail(libc::EOPNOTSUPP);
+    }
+    qp
+}
+
+// ---- Extended QPs: `ibv_create_qp_ex` and the `ibv_wr_*` API ---------------------------
+
+/// `verbs_context.create_qp_ex`.
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    if context.is_null() || attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &mut *attr };
+    let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    if a.comp_mask & !known != 0 || a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+        return fail(libc::EOPNOTSUPP);
+    }
+    let mut init = ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    };
+    // SAFETY: forwarded.
+    let qp = unsafe { ibv_create_qp(a.pd, &mut init) };
+    if qp.is_null() {
+        return qp;
+    }
+    a.cap = init.cap;
+    if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+        // SAFETY: just created.
+        let ex = unsafe { &mut (*qp.cast::<Qp>()).ex };
+        ex.wr_start = Some(wr_start);
+        ex.wr_complete = Some(wr_complete);
+        ex.wr_abort = Some(wr_abort);
+        ex.wr_send = Some(wr_send);
+        ex.wr_send_imm = Some(wr_send_imm);
+        ex.wr_rdma_write = Some(wr_rdma_write);
+        ex.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+        ex.wr_rdma_read = Some(wr_rdma_read);
+        ex.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+        ex.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+        ex.wr_set_sge = Some(wr_set_sge);
+        ex.wr_set_sge_list = Some(wr_set_sge_list);
+        ex.wr_set_ud_addr = Some(wr_set_ud_addr);
+        ex.wr_set_inline_data = Some(wr_set_inline_data);
+    }
+    qp
+}
+
+/// Runs `f` on the QP's pending list (nothing if an earlier call spoiled it).
+///
+/// # Safety
+/// `qp` is a live QP.
+unsafe fn with_pending(qp: *mut ibv_qp, f: impl FnOnce(&Qp, &mut Vec<SendWr>) -> Option<()>) {
+    // SAFETY: by the contract.
+    let q = unsafe { qp_of(qp) };
+    let mut p = q.pending.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(list) = p.as_mut() {
+        if f(q, list).is_none() {
+            *p = None;
+        }
+    }
+}
+
+/// A new work request of the operation, with the QP's `wr_id` and `wr_flags`.
+unsafe fn wr_new(qp: *mut ibv_qp, op: SendOp) {
+    // SAFETY: forwarded.
+    unsafe {
+        with_pending(qp, |q, list| {
+            let f = q.ex.wr_flags;
+            let flags = SendFlags {
+                signaled: f & IBV_SEND_SIGNALED != 0,
+                solicited: f & IBV_SEND_SOLICITED != 0,
+                fence: f & IBV_SEND_FENCE != 0,
+                inline: f & IBV_SEND_INLINE != 0,
+            };
+            list.push(SendWr { wr_id: q.ex.wr_id, op, sg_list: Vec::new(), flags, ud: None });
+            Some(())
+        })
+    }
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ibv_qp) {
+    // SAFETY: a live QP.
+    *unsafe { qp_of(qp) }.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(Vec::new());
+}
+
+unsafe extern "C" fn wr_abort(qp: *mut ibv_qp) {
+    // SAFETY: forwarded.
+    unsafe { wr_start(qp) };
+}
+
+unsafe extern "C" fn wr_complete(qp: *mut ibv_qp) -> c_int {
+    // SAFETY: a live QP.
+    let q = unsafe { qp_of(qp) };
+    let taken = q.pending.lock().unwrap_or_else(|e| e.into_inner()).replace(Vec::new());
+    let Some(list) = taken else { return libc::EINVAL };
+    for w in list {
+        if let Err(e) = guard(Err(softrdma::Error::InvalidArgument("panic")), || q.rt.post_send(w)) {
+            return e.errno();
+        }
+    }
+    0
+}
+
+unsafe extern "C" fn wr_send(qp: *mut ibv_qp) {
+    // SAFETY: forwarded.
+    unsafe { wr_new(qp, SendOp::Send) }
+}
+unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp, imm: u32) {
+    // SAFETY: forwarded.
+    unsafe { wr_new(qp, SendOp::SendWithImm(u32::from_be(imm))) }
+}
+unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp, rkey: u32, remote_addr: u64) {
+    // SAFETY: forwarded.
+    unsafe { wr_new(qp, SendOp::Write { remote_addr, rkey: Rkey(rkey) }) }
+}
+unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp, rkey: u32, remote_addr: u64, imm: u32) {
+    // SAFETY: forwarded.
+    unsafe { wr_new(qp, SendOp::WriteWithImm { remote_addr, rkey: Rkey(rkey), imm: u32::from_be(imm) }) }
+}
+unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp, rkey: u32, remote_addr: u64) {
+    // SAFETY: forwarded.
+    unsafe { wr_new(qp, SendOp::Read { remote_addr, rkey: Rkey(rkey) }) }
+}
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qp: *mut ibv_qp,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    // SAFETY: forwarded.
+    unsafe { wr_new(qp, SendOp::CompareSwap { remote_addr, rkey: Rkey(rkey), compare, swap }) }
+}
+unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp, rkey: u32, remote_addr: u64, add: u64) {
+    // SAFETY: forwarded.
+    unsafe { wr_new(qp, SendOp::FetchAdd { remote_addr, rkey: Rkey(rkey), add }) }
+}
+
+unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp, lkey: u32, addr: u64, length: u32) {
+    // SAFETY: forwarded.
+    unsafe {
+        with_pending(qp, |_, list| {
+            list.last_mut()?.sg_list = vec![Sge { addr, length, lkey: softrdma::Lkey(lkey) }];
+            Some(())
+        })
+    }
+}
+
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp, n: usize, sg: *const ibv_sge) {
+    // SAFETY: the caller's list of n entries.
+    let list = unsafe { sges(sg, c_int::try_from(n).unwrap_or(-1)) };
+    // SAFETY: forwarded.
+    unsafe {
+        with_pending(qp, |_, pending| {
+            pending.last_mut()?.sg_list = list?;
+            Some(())
+        })
+    }
+}
+
+unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp, ah: *mut ibv_ah, remote_qpn: u32, remote_qkey: u32) {
+    // SAFETY: forwarded; a live AH or NULL.
+    unsafe {
+        with_pending(qp, |_, list| {
+            let ah: &AddressHandle = &(*ah.cast::<Ah>().as_ref()?).rt;
+            list.last_mut()?.ud = Some(ah.dest(Qpn::new(remote_qpn & 0xFF_FFFF), Qkey(remote_qkey)));
+            Some(())
+        })
+    }
+}
+
+/// Inline data from memory that need not be registered is not offered: the request is
+/// spoiled and `ibv_wr_complete` fails with EINVAL.
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp, _addr: *mut c_void, _len: usize) {
+    // SAFETY: forwarded.
+    unsafe { with_pending(qp, |_, _| None) }
 }
 
 #[no_mangle]

@@ -79,7 +79,46 @@ fn items() -> Vec<Item> {
         ibv_srq_attr { max_wr, max_sge, srq_limit }
         ibv_srq_init_attr { srq_context, attr }
         ibv_async_event { element, event_type }
+        ibv_qp_init_attr_ex {
+            qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all, comp_mask, pd, xrcd,
+            create_flags, max_tso_header, rwq_ind_tbl, rx_hash_conf, source_qpn, send_ops_flags,
+        }
     };
+    // `ibv_qp_ex` is `ibv_qp` followed by the tail the library lays out after it.
+    let base = size_of::<ibv_qp>();
+    v.push(Item::Size("ibv_qp_ex", base + size_of::<ibv_qp_ex_tail>()));
+    macro_rules! tail {
+        ($($f:ident),*) => {$(
+            v.push(Item::Field("ibv_qp_ex", stringify!($f), base + offset_of!(ibv_qp_ex_tail, $f),
+                field_size(|t: &ibv_qp_ex_tail| &t.$f)));
+        )*};
+    }
+    tail!(
+        comp_mask,
+        wr_id,
+        wr_flags,
+        wr_atomic_cmp_swp,
+        wr_atomic_fetch_add,
+        wr_bind_mw,
+        wr_local_inv,
+        wr_rdma_read,
+        wr_rdma_write,
+        wr_rdma_write_imm,
+        wr_send,
+        wr_send_imm,
+        wr_send_inv,
+        wr_send_tso,
+        wr_set_ud_addr,
+        wr_set_xrc_srqn,
+        wr_set_inline_data,
+        wr_set_inline_data_list,
+        wr_set_sge,
+        wr_set_sge_list,
+        wr_start,
+        wr_complete,
+        wr_abort,
+        wr_atomic_write
+    );
     // The work request's union members, as C names them.
     let wr = offset_of!(ibv_send_wr, wr);
     let nested = [
