@@ -1116,7 +1116,7 @@ unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp, ah: *mut ibv_ah, remote_qpn
     // SAFETY: forwarded; a live AH or NULL.
     unsafe {
         with_pending(qp, |_, list| {
-            let ah: &AddressHandle = &(*ah.cast::<Ah>().as_ref()?).rt;
+            let ah: &AddressHandle = &ah.cast::<Ah>().as_ref()?.rt;
             list.last_mut()?.ud = Some(ah.dest(Qpn::new(remote_qpn & 0xFF_FFFF), Qkey(remote_qkey)));
             Some(())
         })
