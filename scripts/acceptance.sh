@@ -51,7 +51,7 @@ pair() {
   local s_log=$logs/${name//\//_}.$tcp.server c_log=$logs/${name//\//_}.$tcp.client
   timeout 60 "${server[@]//@PORT@/$tcp}" >"$s_log" 2>&1 &
   local spid=$!
-  sleep 0.3
+  wait_listening $tcp $spid
   timeout 60 "${client[@]//@PORT@/$tcp}" >"$c_log" 2>&1
   local crc=$?
   wait $spid
@@ -63,6 +63,18 @@ pair() {
     echo "---- $name $opts: server" >&2; tail -5 "$s_log" >&2
     echo "---- $name $opts: client" >&2; tail -5 "$c_log" >&2
   fi
+}
+
+# Waits (at most 10 s) until the server listens on its TCP port or has exited: a client
+# that comes too early fails ("Couldn't connect"), and probing the port would use up the
+# server's one accept. Without ss, a fixed pause.
+wait_listening() { # port server-pid
+  if ! command -v ss >/dev/null; then sleep 1; return; fi
+  for _ in $(seq 200); do
+    ss -Hltn "sport = :$1" | grep -q . && return
+    kill -0 "$2" 2>/dev/null || return
+    sleep 0.05
+  done
 }
 
 # The headline figure of a run: the pingpongs' usec/iter, perftest's last table row.

@@ -473,8 +473,8 @@ pub unsafe extern "C" fn ibv_get_async_event(
         if let Some(ev) = ctx.rt.poll_async_event() {
             let (element, ty): (*mut c_void, c_int) = match ev {
                 softrdma::AsyncEvent::PortActive => (ptr::without_provenance_mut(1), IBV_EVENT_PORT_ACTIVE), // port_num 1
-                softrdma::AsyncEvent::CqError { cq } => (ctx.cq_by_id(cq).cast(), IBV_EVENT_CQ_ERR),
-                softrdma::AsyncEvent::QpFatal { qpn } => (ctx.qp_by_num(qpn).cast(), IBV_EVENT_QP_FATAL),
+                softrdma::AsyncEvent::CqError { cq } => (ctx.cqs.get(cq).cast(), IBV_EVENT_CQ_ERR),
+                softrdma::AsyncEvent::QpFatal { qpn } => (ctx.qps.get(qpn).cast(), IBV_EVENT_QP_FATAL),
                 _ => continue,
             };
             // SAFETY: event points to an ibv_async_event.

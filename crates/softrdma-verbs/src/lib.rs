@@ -51,6 +51,49 @@ pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(on_panic)
 }
 
+/// A runtime call under [`guard`]: a panic becomes an EINVAL error.
+pub(crate) fn guard_rt<T>(f: impl FnOnce() -> softrdma::Result<T>) -> softrdma::Result<T> {
+    guard(Err(softrdma::Error::InvalidArgument("a panic inside softrdma")), f)
+}
+
+/// The errno value rdma-core returns for a result: 0 on success.
+pub(crate) fn errno_of(r: softrdma::Result<()>) -> c_int {
+    r.map_or_else(|e| e.errno(), |()| 0)
+}
+
+/// C objects by the number the runtime's events name them with (CQ id, QPN).
+pub(crate) struct Handles<T> {
+    map: Mutex<HashMap<u32, usize>>,
+    _of: std::marker::PhantomData<*mut T>,
+}
+
+// SAFETY: only addresses are stored, as integers; nothing is dereferenced here.
+unsafe impl<T> Send for Handles<T> {}
+// SAFETY: as above; the map is behind a mutex.
+unsafe impl<T> Sync for Handles<T> {}
+
+impl<T> Default for Handles<T> {
+    fn default() -> Self {
+        Handles { map: Mutex::new(HashMap::new()), _of: std::marker::PhantomData }
+    }
+}
+
+impl<T> Handles<T> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u32, usize>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    pub(crate) fn insert(&self, n: u32, p: *mut T) {
+        self.map().insert(n, p as usize);
+    }
+    pub(crate) fn remove(&self, n: u32) {
+        self.map().remove(&n);
+    }
+    /// The object numbered `n`, or NULL.
+    pub(crate) fn get(&self, n: u32) -> *mut T {
+        self.map().get(&n).map_or(std::ptr::null_mut(), |&p| p as *mut T)
+    }
+}
+
 const VCTX_WORDS: usize = 40;
 /// `verbs_context.sz`, 8 bytes before `ibv_context`.
 const VCTX_SZ: usize = 39;
@@ -67,9 +110,9 @@ pub(crate) struct Ctx {
     pub(crate) rt: Context,
     /// Peers are foreign (`SOFTRDMA_FOREIGN`).
     pub(crate) foreign: bool,
-    /// CQs by the runtime's number and QPs by QPN, for async events that name them.
-    cqs: Mutex<HashMap<u32, usize>>,
-    qps: Mutex<HashMap<u32, usize>>,
+    /// CQs by the runtime's number and QPs by QPN, for the events that name them.
+    pub(crate) cqs: Handles<ibv_cq>,
+    pub(crate) qps: Handles<ibv_qp>,
 }
 
 impl Ctx {
@@ -96,8 +139,8 @@ impl Ctx {
             ibv,
             rt,
             foreign,
-            cqs: Mutex::new(HashMap::new()),
-            qps: Mutex::new(HashMap::new()),
+            cqs: Handles::default(),
+            qps: Handles::default(),
         });
         let ctx = Box::into_raw(ctx);
         // SAFETY: just allocated; the field's address is stable for the box's life.
@@ -116,24 +159,5 @@ impl Ctx {
     unsafe fn free(p: *mut ibv_context) {
         // SAFETY: by the contract.
         drop(unsafe { Box::from_raw(p.cast::<u8>().sub(std::mem::offset_of!(Ctx, ibv)).cast::<Ctx>()) });
-    }
-
-    pub(crate) fn add_cq(&self, id: u32, cq: *mut ibv_cq) {
-        self.cqs.lock().unwrap_or_else(|p| p.into_inner()).insert(id, cq as usize);
-    }
-    pub(crate) fn remove_cq(&self, id: u32) {
-        self.cqs.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-    }
-    pub(crate) fn cq_by_id(&self, id: u32) -> *mut ibv_cq {
-        self.cqs.lock().unwrap_or_else(|p| p.into_inner()).get(&id).copied().unwrap_or(0) as *mut ibv_cq
-    }
-    pub(crate) fn add_qp(&self, qpn: u32, qp: *mut ibv_qp) {
-        self.qps.lock().unwrap_or_else(|p| p.into_inner()).insert(qpn, qp as usize);
-    }
-    pub(crate) fn remove_qp(&self, qpn: u32) {
-        self.qps.lock().unwrap_or_else(|p| p.into_inner()).remove(&qpn);
-    }
-    pub(crate) fn qp_by_num(&self, qpn: u32) -> *mut ibv_qp {
-        self.qps.lock().unwrap_or_else(|p| p.into_inner()).get(&qpn).copied().unwrap_or(0) as *mut ibv_qp
     }
 }

@@ -18,7 +18,7 @@ use softrdma::{
 };
 
 use crate::abi::*;
-use crate::{guard, set_errno, Ctx};
+use crate::{errno_of, guard_rt, set_errno, Ctx};
 
 /// Access bits rdma-core lets a provider ignore (`IBV_ACCESS_OPTIONAL_RANGE`).
 const ACCESS_OPTIONAL_RANGE: u32 = ((1 << 29) - 1) & !((1 << 20) - 1);
@@ -105,9 +105,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     let p = unsafe { pd_of(pd) };
     let access = Access::from_bits(access & !ACCESS_OPTIONAL_RANGE);
     // SAFETY: verbs' contract: the range stays valid while registered (until ibv_dereg_mr).
-    match guard(Err(softrdma::Error::InvalidArgument("panic")), || unsafe {
-        p.rt.register_raw(addr.cast(), length, access)
-    }) {
+    match guard_rt(|| unsafe { p.rt.register_raw(addr.cast(), length, access) }) {
         Ok(rt) => {
             let ibv = ibv_mr {
                 context: p.ibv.context,
@@ -216,7 +214,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             }
             let id = rt.id();
             let p: *mut ibv_cq = Box::into_raw(Box::new(Cq { ibv, rt })).cast();
-            ctx.add_cq(id, p);
+            ctx.cqs.insert(id, p);
             p
         }
         Err(e) => fail(e.errno()),
@@ -231,7 +229,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     // SAFETY: a CQ from ibv_create_cq, its QPs destroyed (verbs' rule).
     let c = unsafe { Box::from_raw(cq.cast::<Cq>()) };
     // SAFETY: its context is live.
-    unsafe { Ctx::from_ibv(c.ibv.context) }.remove_cq(c.rt.id());
+    unsafe { Ctx::from_ibv(c.ibv.context) }.cqs.remove(c.rt.id());
     if !c.ibv.channel.is_null() {
         // SAFETY: the channel outlives its CQs.
         unsafe { (*c.ibv.channel).refcnt -= 1 };
@@ -256,7 +254,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     loop {
         match ch.rt.get_event() {
             Ok(rt) => {
-                let p = ctx.cq_by_id(rt.id());
+                let p = ctx.cqs.get(rt.id());
                 if p.is_null() {
                     continue; // destroyed since it was armed
                 }
@@ -426,9 +424,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
     }
     // SAFETY: live CQs.
     let (scq, rcq) = unsafe { (cq_of(a.send_cq), cq_of(a.recv_cq)) };
-    let rt = match guard(Err(softrdma::Error::InvalidArgument("panic")), || {
-        p.rt.create_qp(&b, &scq.rt, &rcq.rt)
-    }) {
+    let rt = match guard_rt(|| p.rt.create_qp(&b, &scq.rt, &rcq.rt)) {
         Ok(q) => q,
         Err(e) => return fail(e.errno()),
     };
@@ -459,7 +455,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
     let ex: ibv_qp_ex_tail = unsafe { std::mem::zeroed() };
     let pending = std::sync::Mutex::new(Some(Vec::new()));
     let q: *mut ibv_qp = Box::into_raw(Box::new(Qp { ibv, ex, rt, pending })).cast();
-    ctx.add_qp(qpn, q);
+    ctx.qps.insert(qpn, q);
     q
 }
 
@@ -471,7 +467,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     // SAFETY: a QP from ibv_create_qp.
     let q = unsafe { Box::from_raw(qp.cast::<Qp>()) };
     // SAFETY: its context is live.
-    unsafe { Ctx::from_ibv(q.ibv.context) }.remove_qp(q.ibv.qp_num);
+    unsafe { Ctx::from_ibv(q.ibv.context) }.qps.remove(q.ibv.qp_num);
     drop(q); // flushes and destroys
     0
 }
@@ -511,7 +507,7 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
     let (q, a) = unsafe { (&mut *qp.cast::<Qp>(), &*attr) };
     let mask = QpAttrMask(mask as u32);
     let Some(full) = rt_attr(a, mask) else { return libc::EINVAL };
-    match guard(Err(softrdma::Error::InvalidArgument("panic")), || q.rt.modify_masked(&full, mask)) {
+    match guard_rt(|| q.rt.modify_masked(&full, mask)) {
         Ok(()) => {
             if mask.contains(QpAttrMask::STATE) {
                 q.ibv.state = a.qp_state;
@@ -634,6 +630,16 @@ unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Option<Vec<Sge>> {
     Some(list.iter().map(|s| Sge { addr: s.addr, length: s.length, lkey: softrdma::Lkey(s.lkey) }).collect())
 }
 
+/// `ibv_send_flags` as the runtime names them.
+fn send_flags(f: c_uint) -> SendFlags {
+    SendFlags {
+        signaled: f & IBV_SEND_SIGNALED != 0,
+        solicited: f & IBV_SEND_SOLICITED != 0,
+        fence: f & IBV_SEND_FENCE != 0,
+        inline: f & IBV_SEND_INLINE != 0,
+    }
+}
+
 /// The runtime's work request for a C one; `None` for an opcode or shape softrdma refuses.
 ///
 /// # Safety
@@ -665,13 +671,7 @@ unsafe fn send_wr(w: &ibv_send_wr, ud: bool) -> Option<SendWr> {
         },
         _ => return None,
     };
-    let f = w.send_flags;
-    let flags = SendFlags {
-        signaled: f & IBV_SEND_SIGNALED != 0,
-        solicited: f & IBV_SEND_SOLICITED != 0,
-        fence: f & IBV_SEND_FENCE != 0,
-        inline: f & IBV_SEND_INLINE != 0,
-    };
+    let flags = send_flags(w.send_flags);
     let ud = if ud {
         if udw.ah.is_null() {
             return None;
@@ -687,6 +687,35 @@ unsafe fn send_wr(w: &ibv_send_wr, ud: bool) -> Option<SendWr> {
     Some(SendWr { wr_id: w.wr_id, op, sg_list, flags, ud })
 }
 
+/// Posts a C linked list of work requests one by one with `post_one` (an errno value, 0
+/// on success); on the first failure stores that request in `*bad_wr` and returns the error.
+///
+/// # Safety
+/// `head` is a valid linked list (`next` gives each request's successor); `bad_wr` is
+/// NULL or writable.
+unsafe fn post_list<W>(
+    head: *mut W,
+    bad_wr: *mut *mut W,
+    next: impl Fn(&W) -> *mut W,
+    mut post_one: impl FnMut(&W) -> c_int,
+) -> c_int {
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: by the contract.
+        let w = unsafe { &*cur };
+        let r = post_one(w);
+        if r != 0 {
+            if !bad_wr.is_null() {
+                // SAFETY: by the contract.
+                unsafe { *bad_wr = cur };
+            }
+            return r;
+        }
+        cur = next(w);
+    }
+    0
+}
+
 /// `ops.post_send`.
 pub(crate) unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
@@ -699,28 +728,18 @@ pub(crate) unsafe extern "C" fn post_send(
     // SAFETY: a live QP.
     let q = unsafe { qp_of(qp) };
     let ud = q.ibv.qp_type == IBV_QPT_UD;
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: the caller's linked list of valid work requests.
-        let w = unsafe { &*cur };
-        // SAFETY: as above.
-        let r = match unsafe { send_wr(w, ud) } {
-            None => libc::EINVAL,
-            Some(sw) => match guard(Err(softrdma::Error::InvalidArgument("panic")), || q.rt.post_send(sw)) {
-                Ok(()) => 0,
-                Err(e) => e.errno(),
+    // SAFETY: the caller's list of valid work requests (sg_list and AH included).
+    unsafe {
+        post_list(
+            wr,
+            bad_wr,
+            |w| w.next,
+            |w| match send_wr(w, ud) {
+                None => libc::EINVAL,
+                Some(sw) => errno_of(guard_rt(|| q.rt.post_send(sw))),
             },
-        };
-        if r != 0 {
-            if !bad_wr.is_null() {
-                // SAFETY: the caller's out-pointer.
-                unsafe { *bad_wr = cur };
-            }
-            return r;
-        }
-        cur = w.next;
+        )
     }
-    0
 }
 
 /// Posts a C receive list through `post`.
@@ -732,30 +751,18 @@ unsafe fn post_recv_list(
     bad_wr: *mut *mut ibv_recv_wr,
     post: impl Fn(RecvWr) -> softrdma::Result<()>,
 ) -> c_int {
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: by the contract.
-        let w = unsafe { &*cur };
-        // SAFETY: as above.
-        let r = match unsafe { sges(w.sg_list, w.num_sge) } {
-            None => libc::EINVAL,
-            Some(sg_list) => match guard(Err(softrdma::Error::InvalidArgument("panic")), || {
-                post(RecvWr { wr_id: w.wr_id, sg_list })
-            }) {
-                Ok(()) => 0,
-                Err(e) => e.errno(),
+    // SAFETY: by the contract.
+    unsafe {
+        post_list(
+            wr,
+            bad_wr,
+            |w| w.next,
+            |w| match sges(w.sg_list, w.num_sge) {
+                None => libc::EINVAL,
+                Some(sg_list) => errno_of(guard_rt(|| post(RecvWr { wr_id: w.wr_id, sg_list }))),
             },
-        };
-        if r != 0 {
-            if !bad_wr.is_null() {
-                // SAFETY: by the contract.
-                unsafe { *bad_wr = cur };
-            }
-            return r;
-        }
-        cur = w.next;
+        )
     }
-    0
 }
 
 /// `ops.post_recv`.
@@ -1019,13 +1026,7 @@ unsafe fn wr_new(qp: *mut ibv_qp, op: SendOp) {
     // SAFETY: forwarded.
     unsafe {
         with_pending(qp, |q, list| {
-            let f = q.ex.wr_flags;
-            let flags = SendFlags {
-                signaled: f & IBV_SEND_SIGNALED != 0,
-                solicited: f & IBV_SEND_SOLICITED != 0,
-                fence: f & IBV_SEND_FENCE != 0,
-                inline: f & IBV_SEND_INLINE != 0,
-            };
+            let flags = send_flags(q.ex.wr_flags);
             list.push(SendWr { wr_id: q.ex.wr_id, op, sg_list: Vec::new(), flags, ud: None });
             Some(())
         })
@@ -1048,8 +1049,9 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp) -> c_int {
     let taken = q.pending.lock().unwrap_or_else(|e| e.into_inner()).replace(Vec::new());
     let Some(list) = taken else { return libc::EINVAL };
     for w in list {
-        if let Err(e) = guard(Err(softrdma::Error::InvalidArgument("panic")), || q.rt.post_send(w)) {
-            return e.errno();
+        let r = errno_of(guard_rt(|| q.rt.post_send(w)));
+        if r != 0 {
+            return r;
         }
     }
     0
