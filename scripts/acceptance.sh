@@ -54,6 +54,7 @@ pair() {
   wait_listening $tcp $spid
   timeout 60 "${client[@]//@PORT@/$tcp}" >"$c_log" 2>&1
   local crc=$?
+  last_client_log=$c_log
   wait $spid
   local src=$?
   if [ $crc -eq 0 ] && [ $src -eq 0 ]; then
@@ -123,6 +124,21 @@ done
 pair ibv_rc_pingpong "-g 0 -N (ibv_wr_* API)" $(on $srv_ip ibv_rc_pingpong -g 0 -N -p @PORT@) :: \
   $(on $cli_ip ibv_rc_pingpong -g 0 -N -p @PORT@ 127.0.0.1)
 
+for v in "" "-e"; do
+  # shellcheck disable=SC2086
+  pair ibv_rc_pingpong "-g 0 -t $v (extended CQ, timestamps)" $(on $srv_ip ibv_rc_pingpong -g 0 -t $v -p @PORT@) :: \
+    $(on $cli_ip ibv_rc_pingpong -g 0 -t $v -p @PORT@ 127.0.0.1)
+done
+# The completion timestamps count nanoseconds (hca_core_clock 1 GHz): the average gap
+# between receive completions must agree with the measured time per iteration.
+avg=$(sed -n 's/^Average receive completion clock cycles = //p' "$last_client_log")
+usec=$(sed -n 's/^.* = \([0-9.]*\) usec\/iter$/\1/p' "$last_client_log")
+if [ -n "$avg" ] && [ -n "$usec" ] && awk -v a="$avg" -v u="$usec" 'BEGIN {r = a / 1000 / u; exit !(r > 0.5 && r < 2)}'; then
+  record ibv_rc_pingpong "-t: timestamps agree with usec/iter" "ok  ${avg%.*} ns vs $usec us"
+else
+  record ibv_rc_pingpong "-t: timestamps agree with usec/iter" "FAIL (average '$avg' cycles, '$usec' usec/iter)"
+fi
+
 # ---- perftest ------------------------------------------------------------------------
 iters=(-n 2000)
 [ $quick = 1 ] && iters=(-n 200)
@@ -160,7 +176,6 @@ pair "perf/ib_send_lat" "Rust server, C client" $softrdma perf send_lat -d $srv_
   $(on $cli_ip ib_send_lat -p @PORT@ -n 2000 $srv_ip)
 
 # ---- Not yet offered -----------------------------------------------------------------
-table+=("$(printf '%-18s %-34s %s' ibv_rc_pingpong "-t (extended CQ, timestamps)" "not offered yet")")
 for t in ucx_perftest mpirun; do
   command -v $t >/dev/null || table+=("$(printf '%-18s %-34s %s' $t "" "not installed")")
 done

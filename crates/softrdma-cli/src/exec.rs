@@ -22,6 +22,10 @@ pub struct ExecArgs {
     /// The UDP port of every device (default 4791); both peers must use the same one.
     #[arg(long)]
     pub udp_port: Option<u16>,
+    /// Do not provide `/dev/infiniband/<device>` (by default, when it is missing, the
+    /// program runs in a private mount namespace that has it, for UCX; see `devnode`).
+    #[arg(long)]
+    pub no_dev_node: bool,
     /// The program and its arguments.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "PROGRAM")]
     pub program: Vec<OsString>,
@@ -63,6 +67,20 @@ pub fn run(args: &ExecArgs) -> i32 {
     }
     if let Some(p) = args.udp_port {
         cmd.env(softrdma::PORT_ENV, p.to_string());
+    }
+    if !args.no_dev_node {
+        let mut names: Vec<String> =
+            softrdma::devices().unwrap_or_default().into_iter().map(|d| d.name).collect();
+        if let Some(d) = args.bind.and_then(|b| softrdma::find_device(&b.to_string()).ok()) {
+            names.push(d.name);
+        }
+        let names: Vec<String> = names.iter().map(|n| softrdma_verbs::dev_name(n)).collect();
+        if let Err(e) = crate::devnode::provide(&names) {
+            eprintln!(
+                "softrdma exec: no /dev/infiniband entry for the program ({e}); UCX will not list \
+                 the device (other programs do not need it; --no-dev-node skips this)"
+            );
+        }
     }
     let e = cmd.exec();
     eprintln!("softrdma exec: {}: {e}", args.program[0].to_string_lossy());

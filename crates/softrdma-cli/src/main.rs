@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod capture;
 mod decode;
+mod devnode;
 mod exchange;
 mod exec;
 mod memserver;

@@ -178,6 +178,76 @@ pub struct ibv_cq {
     pub async_events_completed: u32,
 }
 
+/// What `struct ibv_cq_ex` adds after its `ibv_cq` (128 bytes): the current completion's
+/// status and `wr_id`, and the polling functions. `tests/layout.rs` checks `128 + offset`.
+#[repr(C)]
+pub struct ibv_cq_ex_tail {
+    pub comp_mask: u32,
+    pub status: c_int,
+    pub wr_id: u64,
+    pub start_poll: Option<unsafe extern "C" fn(*mut ibv_cq, *mut ibv_poll_cq_attr) -> c_int>,
+    pub next_poll: Option<unsafe extern "C" fn(*mut ibv_cq) -> c_int>,
+    pub end_poll: Option<unsafe extern "C" fn(*mut ibv_cq)>,
+    pub read_opcode: Option<unsafe extern "C" fn(*mut ibv_cq) -> c_int>,
+    pub read_vendor_err: Option<unsafe extern "C" fn(*mut ibv_cq) -> u32>,
+    pub read_byte_len: Option<unsafe extern "C" fn(*mut ibv_cq) -> u32>,
+    pub read_imm_data: Option<unsafe extern "C" fn(*mut ibv_cq) -> u32>,
+    pub read_qp_num: Option<unsafe extern "C" fn(*mut ibv_cq) -> u32>,
+    pub read_src_qp: Option<unsafe extern "C" fn(*mut ibv_cq) -> u32>,
+    pub read_wc_flags: Option<unsafe extern "C" fn(*mut ibv_cq) -> c_uint>,
+    pub read_slid: Option<unsafe extern "C" fn(*mut ibv_cq) -> u32>,
+    pub read_sl: Option<unsafe extern "C" fn(*mut ibv_cq) -> u8>,
+    pub read_dlid_path_bits: Option<unsafe extern "C" fn(*mut ibv_cq) -> u8>,
+    pub read_completion_ts: Option<unsafe extern "C" fn(*mut ibv_cq) -> u64>,
+    pub read_cvlan: *mut c_void,
+    pub read_flow_tag: *mut c_void,
+    pub read_tm_info: *mut c_void,
+    pub read_completion_wallclock_ns: Option<unsafe extern "C" fn(*mut ibv_cq) -> u64>,
+}
+
+#[repr(C)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
+}
+
+#[repr(C)]
+pub struct ibv_odp_caps {
+    pub general_caps: u64,
+    pub rc_odp_caps: u32,
+    pub uc_odp_caps: u32,
+    pub ud_odp_caps: u32,
+}
+
+/// The start of `struct ibv_device_attr_ex`, up to the fields the library fills; the rest
+/// of the caller's `attr_size` bytes is zeroed.
+#[repr(C)]
+pub struct ibv_device_attr_ex_head {
+    pub orig_attr: ibv_device_attr,
+    pub comp_mask: u32,
+    pub odp_caps: ibv_odp_caps,
+    pub completion_timestamp_mask: u64,
+    pub hca_core_clock: u64,
+    pub device_cap_flags_ex: u64,
+}
+
+#[repr(C)]
+pub struct ibv_values_ex {
+    pub comp_mask: u32,
+    pub raw_clock: libc::timespec,
+}
+
 #[repr(C)]
 pub struct ibv_srq {
     pub context: *mut ibv_context,
@@ -486,6 +556,31 @@ pub const IBV_WC_WITH_INV: c_uint = 8;
 pub const IBV_EVENT_CQ_ERR: c_int = 0;
 pub const IBV_EVENT_QP_FATAL: c_int = 1;
 pub const IBV_EVENT_PORT_ACTIVE: c_int = 9;
+pub const IBV_EVENT_QP_LAST_WQE_REACHED: c_int = 16;
+
+pub const IBV_WC_EX_WITH_BYTE_LEN: u64 = 1 << 0;
+pub const IBV_WC_EX_WITH_IMM: u64 = 1 << 1;
+pub const IBV_WC_EX_WITH_QP_NUM: u64 = 1 << 2;
+pub const IBV_WC_EX_WITH_SRC_QP: u64 = 1 << 3;
+pub const IBV_WC_EX_WITH_SLID: u64 = 1 << 4;
+pub const IBV_WC_EX_WITH_SL: u64 = 1 << 5;
+pub const IBV_WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
+pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: u64 = 1 << 7;
+pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
+/// The `wc_flags` `create_cq_ex` accepts: the standard fields and both timestamps.
+pub const SUPPORTED_WC_EX_FLAGS: u64 = IBV_WC_EX_WITH_BYTE_LEN
+    | IBV_WC_EX_WITH_IMM
+    | IBV_WC_EX_WITH_QP_NUM
+    | IBV_WC_EX_WITH_SRC_QP
+    | IBV_WC_EX_WITH_SLID
+    | IBV_WC_EX_WITH_SL
+    | IBV_WC_EX_WITH_DLID_PATH_BITS
+    | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+    | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+pub const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
+pub const IBV_CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
+pub const IBV_CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
+pub const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1 << 0;
 
 pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
 /// `IBV_GID_TYPE_SYSFS_ROCE_V2`, what `ibv_query_gid_type` reports.

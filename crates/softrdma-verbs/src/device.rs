@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use softrdma::{Context, Device, GidType};
 
 use crate::abi::*;
-use crate::{set_errno, Ctx};
+use crate::{nonblocking, set_errno, Ctx};
 
 /// Names the address a process uses: its device is listed first, with that address as
 /// GID 0 (programs exchange only GIDs, so two processes on one host need two addresses).
@@ -20,6 +20,12 @@ pub const FOREIGN_ENV: &str = "SOFTRDMA_FOREIGN";
 /// Where the per-device sysfs files are written (default: `$XDG_RUNTIME_DIR` or the
 /// temporary directory, under `softrdma-sysfs-<uid>`).
 pub const SYSFS_ENV: &str = "SOFTRDMA_SYSFS";
+
+/// A device's `ibv_device.dev_name`, the entry programs such as UCX look for under
+/// `/dev/infiniband` (`softrdma exec` provides it).
+pub fn dev_name(device: &str) -> String {
+    format!("uverbs_{device}")
+}
 
 /// One listed device: the `ibv_device` programs see, and what it describes.
 pub(crate) struct Dev {
@@ -65,7 +71,7 @@ pub(crate) fn devices() -> &'static [Dev] {
                 ibv.node_type = IBV_NODE_CA;
                 ibv.transport_type = IBV_TRANSPORT_IB;
                 copy_str(&mut ibv.name, &desc.name);
-                copy_str(&mut ibv.dev_name, &format!("uverbs_{}", desc.name));
+                copy_str(&mut ibv.dev_name, &dev_name(&desc.name));
                 if let Some(root) = &sysfs {
                     let dir = write_sysfs(root, &desc);
                     copy_str(&mut ibv.ibdev_path, &dir);
@@ -260,6 +266,40 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, out: *mut i
     // SAFETY: a context from ibv_open_device; out points to an ibv_device_attr.
     let (ctx, out) = unsafe { (Ctx::from_ibv(context), &mut *out) };
     fill_device_attr(ctx.rt.device(), out);
+    0
+}
+
+/// `verbs_context.query_device_ex`: the basic attributes, completion timestamps (a 1 GHz
+/// clock, full 64-bit mask), no on-demand paging; the rest of `attr_size` is zeroed.
+pub(crate) unsafe extern "C" fn query_device_ex(
+    context: *mut ibv_context,
+    input: *const c_void,
+    attr: *mut ibv_device_attr_ex_head,
+    attr_size: usize,
+) -> c_int {
+    // `struct ibv_query_device_ex_input` is one u32, comp_mask; none is defined.
+    // SAFETY: the caller's input, if any.
+    if context.is_null() || attr.is_null() || (!input.is_null() && unsafe { *input.cast::<u32>() } != 0) {
+        return libc::EINVAL;
+    }
+    if attr_size < std::mem::size_of::<ibv_device_attr>() {
+        return libc::EINVAL;
+    }
+    // SAFETY: attr has attr_size writable bytes.
+    unsafe { ptr::write_bytes(attr.cast::<u8>(), 0, attr_size) };
+    // SAFETY: a context from ibv_open_device; attr as above.
+    let ctx = unsafe { Ctx::from_ibv(context) };
+    // SAFETY: orig_attr is at offset 0, within attr_size.
+    fill_device_attr(ctx.rt.device(), unsafe { &mut (*attr).orig_attr });
+    let fits = |end: usize| end <= attr_size;
+    use std::mem::offset_of;
+    if fits(offset_of!(ibv_device_attr_ex_head, hca_core_clock) + 8) {
+        // SAFETY: within attr_size, checked above.
+        unsafe {
+            (*attr).completion_timestamp_mask = u64::MAX;
+            (*attr).hca_core_clock = 1_000_000; // kHz: timestamps count nanoseconds
+        }
+    }
     0
 }
 
@@ -475,13 +515,24 @@ pub unsafe extern "C" fn ibv_get_async_event(
                 softrdma::AsyncEvent::PortActive => (ptr::without_provenance_mut(1), IBV_EVENT_PORT_ACTIVE), // port_num 1
                 softrdma::AsyncEvent::CqError { cq } => (ctx.cqs.get(cq).cast(), IBV_EVENT_CQ_ERR),
                 softrdma::AsyncEvent::QpFatal { qpn } => (ctx.qps.get(qpn).cast(), IBV_EVENT_QP_FATAL),
+                softrdma::AsyncEvent::QpLastWqeReached { qpn } => {
+                    (ctx.qps.get(qpn).cast(), IBV_EVENT_QP_LAST_WQE_REACHED)
+                }
                 _ => continue,
             };
+            if element.is_null() {
+                continue; // its object is gone
+            }
             // SAFETY: event points to an ibv_async_event.
             unsafe { *event = ibv_async_event { element, event_type: ty } };
             return 0;
         }
-        // Blocks, as rdma-core's does (the runtime's eventfd is non-blocking itself).
+        // Blocks, as rdma-core's does, unless the program made async_fd non-blocking (the
+        // runtime's eventfd is non-blocking itself; the flag is the program's wish).
+        if nonblocking(ctx.rt.async_fd()) {
+            set_errno(libc::EAGAIN);
+            return -1;
+        }
         let mut pfd = libc::pollfd { fd: ctx.rt.async_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut pfd, 1, 1000) };

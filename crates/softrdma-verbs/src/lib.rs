@@ -11,8 +11,9 @@
 //! (`ibv_pd`, `ibv_cq`, `ibv_qp`, ...), followed by the runtime handle it stands for; the C
 //! pointer is the structure's address. The context is the exception: `ibv_context` sits
 //! after 320 bytes reserved for `verbs_context`'s members, as rdma-core lays it out.
-//! The context is extended (`abi_compat` marks it): of `verbs_context`'s operations only
-//! `create_qp_ex` is set (with the `ibv_wr_*` posting API); for the others the inline
+//! The context is extended (`abi_compat` marks it): of `verbs_context`'s operations
+//! `create_qp_ex` (with the `ibv_wr_*` posting API), `create_cq_ex` (with completion
+//! timestamps), `query_device_ex` and `query_rt_values` are set; for the others the inline
 //! `_ex` helpers fall back to the basic calls or fail with EOPNOTSUPP.
 //!
 //! Configuration, by environment:
@@ -32,17 +33,25 @@ use std::sync::Mutex;
 use softrdma::Context;
 
 pub mod abi;
+mod cq;
 mod device;
 mod stubs;
 mod verbs;
 
-pub use device::{BIND_ENV, FOREIGN_ENV, SYSFS_ENV};
+pub use device::{dev_name, BIND_ENV, FOREIGN_ENV, SYSFS_ENV};
 
 use abi::*;
 
 pub(crate) fn set_errno(e: c_int) {
     // SAFETY: the calling thread's errno location.
     unsafe { *libc::__errno_location() = e };
+}
+
+/// Whether the program set O_NONBLOCK on `fd` (a channel's fd or `async_fd`).
+pub(crate) fn nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL takes no pointers; -1 on a bad fd (then: blocking).
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
 /// Runs `f`, turning a panic into `on_panic` instead of unwinding into C (which would
@@ -99,6 +108,12 @@ const VCTX_WORDS: usize = 40;
 const VCTX_SZ: usize = 39;
 /// `verbs_context.create_qp_ex`, 56 bytes before `ibv_context`.
 const VCTX_CREATE_QP_EX: usize = 33;
+/// `verbs_context.query_device_ex`.
+const VCTX_QUERY_DEVICE_EX: usize = 27;
+/// `verbs_context.create_cq_ex`.
+const VCTX_CREATE_CQ_EX: usize = 25;
+/// `verbs_context.query_rt_values`.
+const VCTX_QUERY_RT_VALUES: usize = 24;
 
 /// An open device: `ibv_context` and the runtime context behind it.
 #[repr(C)]
@@ -120,8 +135,8 @@ impl Ctx {
         // SAFETY: plain data; null pointers and zero fds are filled below.
         let mut ibv: ibv_context = unsafe { std::mem::zeroed() };
         ibv.device = device;
-        ibv.ops.poll_cq = Some(verbs::poll_cq);
-        ibv.ops.req_notify_cq = Some(verbs::req_notify_cq);
+        ibv.ops.poll_cq = Some(cq::poll_cq);
+        ibv.ops.req_notify_cq = Some(cq::req_notify_cq);
         ibv.ops.post_srq_recv = Some(verbs::post_srq_recv);
         ibv.ops.post_send = Some(verbs::post_send);
         ibv.ops.post_recv = Some(verbs::post_recv);
@@ -132,6 +147,9 @@ impl Ctx {
         let mut vctx = [0u64; VCTX_WORDS];
         vctx[VCTX_SZ] = (VCTX_WORDS * 8 + std::mem::size_of::<ibv_context>()) as u64;
         vctx[VCTX_CREATE_QP_EX] = verbs::create_qp_ex as *const () as usize as u64;
+        vctx[VCTX_CREATE_CQ_EX] = cq::create_cq_ex as *const () as usize as u64;
+        vctx[VCTX_QUERY_DEVICE_EX] = device::query_device_ex as *const () as usize as u64;
+        vctx[VCTX_QUERY_RT_VALUES] = cq::query_rt_values as *const () as usize as u64;
         ibv.async_fd = rt.async_fd();
         ibv.num_comp_vectors = 1;
         let ctx = Box::new(Ctx {

@@ -83,42 +83,98 @@ fn items() -> Vec<Item> {
             qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all, comp_mask, pd, xrcd,
             create_flags, max_tso_header, rwq_ind_tbl, rx_hash_conf, source_qpn, send_ops_flags,
         }
+        ibv_cq_init_attr_ex { cqe, cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain }
+        ibv_poll_cq_attr { comp_mask }
+        ibv_values_ex { comp_mask, raw_clock }
     };
-    // `ibv_qp_ex` is `ibv_qp` followed by the tail the library lays out after it.
-    let base = size_of::<ibv_qp>();
-    v.push(Item::Size("ibv_qp_ex", base + size_of::<ibv_qp_ex_tail>()));
+    // `ibv_qp_ex` and `ibv_cq_ex` are `ibv_qp` / `ibv_cq` followed by the tail the library
+    // lays out after them; the head of `ibv_device_attr_ex` is checked field by field.
     macro_rules! tail {
-        ($($f:ident),*) => {$(
-            v.push(Item::Field("ibv_qp_ex", stringify!($f), base + offset_of!(ibv_qp_ex_tail, $f),
-                field_size(|t: &ibv_qp_ex_tail| &t.$f)));
-        )*};
+        ($c:literal, $base:expr, $tail:ty { $($f:ident),* $(,)? }) => {
+            let base = $base;
+            $( v.push(Item::Field($c, stringify!($f), base + offset_of!($tail, $f),
+                field_size(|t: &$tail| &t.$f))); )*
+        };
     }
+    v.push(Item::Size("ibv_qp_ex", size_of::<ibv_qp>() + size_of::<ibv_qp_ex_tail>()));
     tail!(
-        comp_mask,
-        wr_id,
-        wr_flags,
-        wr_atomic_cmp_swp,
-        wr_atomic_fetch_add,
-        wr_bind_mw,
-        wr_local_inv,
-        wr_rdma_read,
-        wr_rdma_write,
-        wr_rdma_write_imm,
-        wr_send,
-        wr_send_imm,
-        wr_send_inv,
-        wr_send_tso,
-        wr_set_ud_addr,
-        wr_set_xrc_srqn,
-        wr_set_inline_data,
-        wr_set_inline_data_list,
-        wr_set_sge,
-        wr_set_sge_list,
-        wr_start,
-        wr_complete,
-        wr_abort,
-        wr_atomic_write
+        "ibv_qp_ex",
+        size_of::<ibv_qp>(),
+        ibv_qp_ex_tail {
+            comp_mask,
+            wr_id,
+            wr_flags,
+            wr_atomic_cmp_swp,
+            wr_atomic_fetch_add,
+            wr_bind_mw,
+            wr_local_inv,
+            wr_rdma_read,
+            wr_rdma_write,
+            wr_rdma_write_imm,
+            wr_send,
+            wr_send_imm,
+            wr_send_inv,
+            wr_send_tso,
+            wr_set_ud_addr,
+            wr_set_xrc_srqn,
+            wr_set_inline_data,
+            wr_set_inline_data_list,
+            wr_set_sge,
+            wr_set_sge_list,
+            wr_start,
+            wr_complete,
+            wr_abort,
+            wr_atomic_write,
+        }
     );
+    v.push(Item::Size("ibv_cq_ex", size_of::<ibv_cq>() + size_of::<ibv_cq_ex_tail>()));
+    tail!(
+        "ibv_cq_ex",
+        size_of::<ibv_cq>(),
+        ibv_cq_ex_tail {
+            comp_mask,
+            status,
+            wr_id,
+            start_poll,
+            next_poll,
+            end_poll,
+            read_opcode,
+            read_vendor_err,
+            read_byte_len,
+            read_imm_data,
+            read_qp_num,
+            read_src_qp,
+            read_wc_flags,
+            read_slid,
+            read_sl,
+            read_dlid_path_bits,
+            read_completion_ts,
+            read_cvlan,
+            read_flow_tag,
+            read_tm_info,
+            read_completion_wallclock_ns,
+        }
+    );
+    tail!(
+        "ibv_device_attr_ex",
+        0,
+        ibv_device_attr_ex_head {
+            orig_attr,
+            comp_mask,
+            odp_caps,
+            completion_timestamp_mask,
+            hca_core_clock,
+            device_cap_flags_ex,
+        }
+    );
+    let odp = offset_of!(ibv_device_attr_ex_head, odp_caps);
+    for (path, off) in [
+        ("odp_caps.per_transport_caps.rc_odp_caps", offset_of!(ibv_odp_caps, rc_odp_caps)),
+        ("odp_caps.per_transport_caps.uc_odp_caps", offset_of!(ibv_odp_caps, uc_odp_caps)),
+        ("odp_caps.per_transport_caps.ud_odp_caps", offset_of!(ibv_odp_caps, ud_odp_caps)),
+    ] {
+        v.push(Item::Field("ibv_device_attr_ex", path, odp + off, 4));
+    }
     // The work request's union members, as C names them.
     let wr = offset_of!(ibv_send_wr, wr);
     let nested = [

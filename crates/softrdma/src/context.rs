@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use softrdma_proto::memory::PdId;
 
-use crate::cq::{CompletionChannel, CompletionQueue};
+use crate::cq::{CompletionChannel, CompletionQueue, CqOptions};
 use crate::device::{default_port, find_device, ContextInner, Device, DeviceAttr, GidEntry, PortAttr};
 use crate::engine::{AsyncEvent, Engine};
 use crate::link::{Link, MemoryNetwork, UdpLink};
@@ -105,7 +105,17 @@ impl Context {
 
     /// Creates a completion queue of `cqe` entries, reporting to `channel` when armed.
     pub fn create_cq(&self, cqe: usize, channel: Option<&CompletionChannel>) -> Result<CompletionQueue> {
-        CompletionQueue::new(self.inner.clone(), cqe, channel)
+        CompletionQueue::new(self.inner.clone(), cqe, channel, CqOptions::default())
+    }
+
+    /// [`Self::create_cq`] with options (completion timestamps).
+    pub fn create_cq_with(
+        &self,
+        cqe: usize,
+        channel: Option<&CompletionChannel>,
+        opts: CqOptions,
+    ) -> Result<CompletionQueue> {
+        CompletionQueue::new(self.inner.clone(), cqe, channel, opts)
     }
 
     /// Creates a completion channel.

@@ -23,6 +23,32 @@ use crate::engine::CompletionSink;
 use crate::sys::{self, EventFd};
 use crate::{Error, Result};
 
+/// Options of a CQ ([`crate::Context::create_cq_with`]).
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct CqOptions {
+    /// Record when each completion is delivered to the CQ, for
+    /// [`CompletionQueue::poll_timestamped`] (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`): one
+    /// clock read per completion.
+    pub timestamps: bool,
+}
+
+impl CqOptions {
+    /// Options with completion timestamps on.
+    pub fn timestamped() -> Self {
+        CqOptions { timestamps: true }
+    }
+}
+
+/// The clock of completion timestamps: CLOCK_MONOTONIC in nanoseconds (so a device clock
+/// of 1 GHz, full 64-bit mask).
+pub fn completion_clock_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    (t.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(t.tv_nsec as u64)
+}
+
 const DISARMED: u8 = 0;
 const ARMED_ANY: u8 = 1;
 const ARMED_SOLICITED: u8 = 2;
@@ -34,6 +60,9 @@ pub(crate) struct CqShared {
     /// Itself, for the events that name it.
     me: std::sync::Weak<CqShared>,
     q: Mutex<VecDeque<WorkCompletion>>,
+    /// With [`CqOptions::timestamps`]: when each queued completion was delivered, in
+    /// [`completion_clock_ns`] time, beside `q` and behind the same lock.
+    stamps: Option<Mutex<VecDeque<u64>>>,
     cap: usize,
     armed: AtomicU8,
     channel: Option<Arc<ChannelShared>>,
@@ -57,6 +86,10 @@ impl CqShared {
     fn push_wc(&self, wc: WorkCompletion) -> bool {
         let len = {
             let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(stamps) = &self.stamps {
+                // Lock order: q, then stamps.
+                stamps.lock().unwrap_or_else(|p| p.into_inner()).push_back(completion_clock_ns());
+            }
             q.push_back(wc);
             q.len()
         };
@@ -76,11 +109,22 @@ impl CqShared {
     }
 
     fn pop_into(&self, out: &mut [WorkCompletion]) -> usize {
+        self.pop_stamped(out, &mut [])
+    }
+
+    /// Pops up to `out.len()` completions, and their delivery times into `ts` as far as it
+    /// reaches (zero when the CQ keeps no times).
+    fn pop_stamped(&self, out: &mut [WorkCompletion], ts: &mut [u64]) -> usize {
         let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
         let n = out.len().min(q.len());
-        for slot in out.iter_mut().take(n) {
+        let mut stamps = self.stamps.as_ref().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()));
+        for (i, slot) in out.iter_mut().take(n).enumerate() {
             if let Some(wc) = q.pop_front() {
                 *slot = wc;
+            }
+            let t = stamps.as_mut().and_then(|s| s.pop_front()).unwrap_or(0);
+            if let Some(t_slot) = ts.get_mut(i) {
+                *t_slot = t;
             }
         }
         n
@@ -101,6 +145,7 @@ impl CompletionQueue {
         ctx: Arc<ContextInner>,
         cqe: usize,
         channel: Option<&CompletionChannel>,
+        opts: CqOptions,
     ) -> Result<Self> {
         if cqe == 0 || cqe > MAX_CQE {
             return Err(Error::InvalidArgument("CQ size must be 1 to max_cqe"));
@@ -114,6 +159,7 @@ impl CompletionQueue {
             me: me.clone(),
             id: NEXT_CQ.fetch_add(1, Ordering::Relaxed) as u32,
             q: Mutex::new(VecDeque::with_capacity(cqe)),
+            stamps: opts.timestamps.then(|| Mutex::new(VecDeque::with_capacity(cqe))),
             cap: cqe,
             armed: AtomicU8::new(DISARMED),
             channel: channel.map(|c| c.shared.clone()),
@@ -142,6 +188,23 @@ impl CompletionQueue {
         }
         self.ctx.engine.try_progress();
         self.shared.pop_into(out)
+    }
+
+    /// [`Self::poll`] that also fills `ts` with when each completion was delivered
+    /// ([`completion_clock_ns`] time; zero unless the CQ was created with
+    /// [`CqOptions::timestamps`]).
+    pub fn poll_timestamped(&self, out: &mut [WorkCompletion], ts: &mut [u64]) -> usize {
+        let n = self.shared.pop_stamped(out, ts);
+        if n > 0 || out.is_empty() {
+            return n;
+        }
+        self.ctx.engine.try_progress();
+        self.shared.pop_stamped(out, ts)
+    }
+
+    /// Whether the CQ records when each completion was delivered.
+    pub fn has_timestamps(&self) -> bool {
+        self.shared.stamps.is_some()
     }
 
     /// One completion, if there is one.
@@ -257,7 +320,7 @@ pub struct CompletionChannel {
 impl CompletionChannel {
     pub(crate) fn new(ctx: Arc<ContextInner>) -> Result<Self> {
         let shared = Arc::new(ChannelShared {
-            efd: EventFd::new()?,
+            efd: EventFd::exposed()?,
             events: Mutex::new(VecDeque::new()),
             unacked: AtomicUsize::new(0),
         });

@@ -108,6 +108,13 @@ pub enum AsyncEvent {
     },
     /// The port is active.
     PortActive,
+    /// A QP attached to a shared receive queue entered the error state: it will take no
+    /// more receives from the SRQ (`IBV_EVENT_QP_LAST_WQE_REACHED`), so its owner may
+    /// destroy it.
+    QpLastWqeReached {
+        /// The QP.
+        qpn: u32,
+    },
 }
 
 /// Everything behind the engine lock.
@@ -159,7 +166,7 @@ impl Engine {
     pub(crate) fn new(link: Box<dyn Link>) -> std::io::Result<Engine> {
         let local = link.local();
         let link_fds = link.fds();
-        let async_efd = EventFd::new()?;
+        let async_efd = EventFd::exposed()?;
         async_efd.signal(); // PortActive is queued.
         let async_fd = async_efd.as_raw_fd();
         let core = Core {
@@ -296,7 +303,11 @@ impl Engine {
         let mut core = self.lock();
         let qp = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         prepare(qp);
+        let was = qp.state();
         qp.modify(attr)?;
+        if was != QpState::Error && qp.state() == QpState::Error && qp.srq().is_some() {
+            Self::raise(&mut core, AsyncEvent::QpLastWqeReached { qpn: qpn.get() });
+        }
         self.flush(&mut core);
         self.nudge(&mut core);
         Ok(())
@@ -541,6 +552,12 @@ impl Engine {
         Self::deliver(core);
     }
 
+    /// Queues an asynchronous event and makes `async_fd` readable.
+    fn raise(core: &mut Core, ev: AsyncEvent) {
+        core.events.push_back(ev);
+        core.async_efd.signal();
+    }
+
     /// Moves completions from the QPs that have some to their sinks.
     fn deliver(core: &mut Core) {
         let mut overrun: Vec<(Qpn, u32)> = Vec::new();
@@ -566,11 +583,14 @@ impl Engine {
                 // Verbs semantics: an overrun CQ is an error; its QP fails. Nothing is
                 // lost: the completions stay queued beyond the CQ's size.
                 if !core.events.contains(&AsyncEvent::CqError { cq }) {
-                    core.events.push_back(AsyncEvent::CqError { cq });
-                    core.async_efd.signal();
+                    Self::raise(core, AsyncEvent::CqError { cq });
                 }
                 if let Some(qp) = core.endpoint.qp_mut(qpn) {
+                    let was = qp.state();
                     let _ = qp.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
+                    if was != QpState::Error && qp.srq().is_some() {
+                        Self::raise(core, AsyncEvent::QpLastWqeReached { qpn: qpn.get() });
+                    }
                 }
             }
             // The second round delivers the flushes of the QPs just failed.

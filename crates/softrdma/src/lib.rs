@@ -43,7 +43,7 @@ mod sys;
 
 pub use ah::{AddressHandle, AhAttr};
 pub use context::Context;
-pub use cq::{CompletionChannel, CompletionQueue, NextCompletion, EMPTY_WC};
+pub use cq::{completion_clock_ns, CompletionChannel, CompletionQueue, CqOptions, NextCompletion, EMPTY_WC};
 pub use device::{
     addr_of_gid, default_port, devices, find_device, gid_of, AtomicCap, Device, DeviceAttr, GidEntry,
     GidType, LinkLayer, PortAttr, PortState, DEVICE_CAP_FLAGS, GIDS_ENV, MAX_CQE, MAX_INLINE, MAX_MR,

@@ -12,17 +12,34 @@ use std::time::Duration;
 
 /// An eventfd: a counter a thread can wait on with `poll`.
 #[derive(Debug)]
-pub(crate) struct EventFd(OwnedFd);
+pub(crate) struct EventFd {
+    fd: OwnedFd,
+    /// Created without O_NONBLOCK (an fd handed to programs, which set the flag
+    /// themselves when they want it), so `drain` checks readiness before reading.
+    exposed: bool,
+}
 
 impl EventFd {
+    /// A non-blocking eventfd, for the runtime's own wake-ups.
     pub(crate) fn new() -> io::Result<EventFd> {
+        Self::create(libc::EFD_NONBLOCK, false)
+    }
+
+    /// An eventfd a program sees (a completion channel's fd, `ibv_context.async_fd`):
+    /// blocking as rdma-core's are, so that `fcntl(O_NONBLOCK)` by the program is its own
+    /// choice, which `ibv_get_cq_event` then honours.
+    pub(crate) fn exposed() -> io::Result<EventFd> {
+        Self::create(0, true)
+    }
+
+    fn create(flags: libc::c_int, exposed: bool) -> io::Result<EventFd> {
         // SAFETY: eventfd takes no pointers; a non-negative result is a new fd we own.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        let fd = unsafe { libc::eventfd(0, flags | libc::EFD_CLOEXEC) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: fd is a fresh, valid descriptor nobody else owns.
-        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) }, exposed })
     }
 
     /// Adds one to the counter, waking pollers.
@@ -30,14 +47,22 @@ impl EventFd {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a valid u64 to our own fd. A full counter (EAGAIN)
         // still leaves it readable, which is all a waiter needs.
-        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 
-    /// Reads and clears the counter; 0 if it was not signalled.
+    /// Reads and clears the counter; 0 if it was not signalled. Never blocks.
     pub(crate) fn drain(&self) -> u64 {
+        if self.exposed {
+            let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd, no wait.
+            if unsafe { libc::poll(&mut pfd, 1, 0) } != 1 {
+                return 0;
+            }
+        }
         let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a valid u64 from our own non-blocking fd.
-        let n = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        // SAFETY: reads 8 bytes into a valid u64 from our own fd, which is non-blocking or
+        // readable (callers that drain hold the lock that signals are made under).
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
         if n == 8 {
             v
         } else {
@@ -48,7 +73,7 @@ impl EventFd {
 
 impl AsRawFd for EventFd {
     fn as_raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
+        self.fd.as_raw_fd()
     }
 }
 
