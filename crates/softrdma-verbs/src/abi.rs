@@ -297,13 +297,19 @@ pub struct ibv_qp_ex_tail {
     pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_ah, u32, u32)>,
     pub wr_set_xrc_srqn: *mut c_void,
     pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp, *mut c_void, usize)>,
-    pub wr_set_inline_data_list: *mut c_void,
+    pub wr_set_inline_data_list: Option<unsafe extern "C" fn(*mut ibv_qp, usize, *const ibv_data_buf)>,
     pub wr_set_sge: Option<unsafe extern "C" fn(*mut ibv_qp, u32, u64, u32)>,
     pub wr_set_sge_list: Option<unsafe extern "C" fn(*mut ibv_qp, usize, *const ibv_sge)>,
     pub wr_start: Option<unsafe extern "C" fn(*mut ibv_qp)>,
     pub wr_complete: Option<unsafe extern "C" fn(*mut ibv_qp) -> c_int>,
     pub wr_abort: Option<unsafe extern "C" fn(*mut ibv_qp)>,
     pub wr_atomic_write: *mut c_void,
+}
+
+#[repr(C)]
+pub struct ibv_data_buf {
+    pub addr: *mut c_void,
+    pub length: usize,
 }
 
 #[repr(C)]

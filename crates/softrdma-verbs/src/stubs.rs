@@ -89,7 +89,11 @@ pub unsafe extern "C" fn mlx5dv_devx_free_uar(_uar: *mut c_void) {}
 pub unsafe extern "C" fn mlx5dv_devx_destroy_event_channel(_channel: *mut c_void) {}
 /// No event ever arrives: -1 with EOPNOTSUPP, as a read of a closed channel would fail.
 #[no_mangle]
-pub unsafe extern "C" fn mlx5dv_devx_get_event(_channel: *mut c_void, _data: *mut c_void, _len: usize) -> isize {
+pub unsafe extern "C" fn mlx5dv_devx_get_event(
+    _channel: *mut c_void,
+    _data: *mut c_void,
+    _len: usize,
+) -> isize {
     set_errno(libc::EOPNOTSUPP);
     -1
 }

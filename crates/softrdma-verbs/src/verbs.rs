@@ -9,6 +9,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::net::SocketAddr;
 use std::ptr;
+use std::sync::Mutex;
 
 use softrdma::proto::qp::ModifyError;
 use softrdma::{
@@ -141,9 +142,59 @@ pub(crate) struct Qp {
     /// Right after `ibv_qp`, so that the pointer is also an `ibv_qp_ex`.
     ex: ibv_qp_ex_tail,
     rt: QueuePair,
-    /// Work requests built by `ibv_wr_*` since `ibv_wr_start`; `None` once one was
-    /// malformed (`ibv_wr_complete` then fails with EINVAL).
-    pending: std::sync::Mutex<Option<Vec<SendWr>>>,
+    /// Work requests built by `ibv_wr_*` since `ibv_wr_start`, each with its inline data
+    /// if it has some; `None` once one was malformed (`ibv_wr_complete` then fails with
+    /// EINVAL).
+    pending: Mutex<Option<Vec<PendingWr>>>,
+    /// Where inline data is staged for the runtime (`None` without `max_inline_data`).
+    bounce: Mutex<Option<Bounce>>,
+}
+
+/// A work request of the `ibv_wr_*` API, with its inline data if it has some.
+type PendingWr = (SendWr, Option<Vec<u8>>);
+
+/// A registered buffer of `max_inline_data` bytes. `IBV_SEND_INLINE` data may sit in
+/// memory the program never registered (UCX's active messages do), while the runtime
+/// gathers inline data through an lkey: the library copies it here first, under the
+/// lock, and the runtime copies it again when the request is posted, so the buffer is
+/// free as soon as the post returns.
+struct Bounce {
+    /// Declared first: deregistered before the buffer is freed.
+    mr: MemoryRegion,
+    buf: Box<[u8]>,
+}
+
+impl Bounce {
+    fn new(pd: &ProtectionDomain, len: u32) -> softrdma::Result<Option<Bounce>> {
+        if len == 0 {
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; len as usize].into_boxed_slice();
+        // SAFETY: the buffer lives as long as the registration (field order) and is
+        // written only under the QP's bounce lock, between posts.
+        let mr = unsafe { pd.register_raw(buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE)? };
+        Ok(Some(Bounce { mr, buf }))
+    }
+}
+
+/// Posts `wr` with `data` as its payload, copied at once (`IBV_SEND_INLINE`); an errno.
+fn post_inline(q: &Qp, mut wr: SendWr, data: &[&[u8]]) -> c_int {
+    let mut bounce = q.bounce.lock().unwrap_or_else(|e| e.into_inner());
+    let total: usize = data.iter().map(|d| d.len()).sum();
+    let Some(b) = bounce.as_mut().filter(|b| total <= b.buf.len()) else { return libc::EINVAL };
+    let mut at = 0;
+    for d in data {
+        b.buf[at..at + d.len()].copy_from_slice(d);
+        at += d.len();
+    }
+    wr.sg_list = vec![Sge { addr: b.buf.as_ptr() as u64, length: total as u32, lkey: b.mr.lkey() }];
+    wr.flags.inline = true;
+    errno_of(guard_rt(|| q.rt.post_send(wr)))
+}
+
+/// Whether the operation carries data the requester sends (inline applies to it).
+fn sends_data(op: &SendOp) -> bool {
+    !matches!(op, SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
 }
 
 /// # Safety
@@ -151,6 +202,13 @@ pub(crate) struct Qp {
 unsafe fn qp_of<'a>(qp: *mut ibv_qp) -> &'a Qp {
     // SAFETY: by the contract.
     unsafe { &*qp.cast::<Qp>() }
+}
+
+impl Qp {
+    /// The inline limit the QP was created with.
+    fn ibv_cap_inline(&self) -> u32 {
+        self.bounce.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or(0, |b| b.buf.len() as u32)
+    }
 }
 
 fn qp_type(t: c_int) -> Option<QpType> {
@@ -222,8 +280,12 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
     let qpn = ibv.qp_num;
     // SAFETY: plain data and null function pointers, set by ibv_create_qp_ex if asked for.
     let ex: ibv_qp_ex_tail = unsafe { std::mem::zeroed() };
-    let pending = std::sync::Mutex::new(Some(Vec::new()));
-    let q: *mut ibv_qp = Box::into_raw(Box::new(Qp { ibv, ex, rt, pending })).cast();
+    let pending = Mutex::new(Some(Vec::new()));
+    let bounce = match Bounce::new(&p.rt, caps.max_inline_data) {
+        Ok(b) => Mutex::new(b),
+        Err(e) => return fail(e.errno()),
+    };
+    let q: *mut ibv_qp = Box::into_raw(Box::new(Qp { ibv, ex, rt, pending, bounce })).cast();
     ctx.qps.insert(qpn, q);
     q
 }
@@ -505,6 +567,18 @@ pub(crate) unsafe extern "C" fn post_send(
             |w| w.next,
             |w| match send_wr(w, ud) {
                 None => libc::EINVAL,
+                Some(sw) if sw.flags.inline && sends_data(&sw.op) => {
+                    // The SGEs' lkeys do not matter for inline data (verbs' rule).
+                    let limit = q.ibv_cap_inline();
+                    if sw.sg_list.iter().map(|s| u64::from(s.length)).sum::<u64>() > u64::from(limit) {
+                        return libc::EINVAL;
+                    }
+                    // SAFETY: the program's SGEs name readable memory (verbs' contract),
+                    // and the total was bounded above.
+                    let parts: Vec<&[u8]> =
+                        sw.sg_list.iter().map(|s| raw_bytes(s.addr, s.length as usize)).collect();
+                    post_inline(q, sw.clone(), &parts)
+                }
                 Some(sw) => errno_of(guard_rt(|| q.rt.post_send(sw))),
             },
         )
@@ -771,6 +845,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         ex.wr_set_sge_list = Some(wr_set_sge_list);
         ex.wr_set_ud_addr = Some(wr_set_ud_addr);
         ex.wr_set_inline_data = Some(wr_set_inline_data);
+        ex.wr_set_inline_data_list = Some(wr_set_inline_data_list);
     }
     qp
 }
@@ -779,7 +854,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
 ///
 /// # Safety
 /// `qp` is a live QP.
-unsafe fn with_pending(qp: *mut ibv_qp, f: impl FnOnce(&Qp, &mut Vec<SendWr>) -> Option<()>) {
+unsafe fn with_pending(qp: *mut ibv_qp, f: impl FnOnce(&Qp, &mut Vec<PendingWr>) -> Option<()>) {
     // SAFETY: by the contract.
     let q = unsafe { qp_of(qp) };
     let mut p = q.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -796,7 +871,7 @@ unsafe fn wr_new(qp: *mut ibv_qp, op: SendOp) {
     unsafe {
         with_pending(qp, |q, list| {
             let flags = send_flags(q.ex.wr_flags);
-            list.push(SendWr { wr_id: q.ex.wr_id, op, sg_list: Vec::new(), flags, ud: None });
+            list.push((SendWr { wr_id: q.ex.wr_id, op, sg_list: Vec::new(), flags, ud: None }, None));
             Some(())
         })
     }
@@ -817,8 +892,11 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp) -> c_int {
     let q = unsafe { qp_of(qp) };
     let taken = q.pending.lock().unwrap_or_else(|e| e.into_inner()).replace(Vec::new());
     let Some(list) = taken else { return libc::EINVAL };
-    for w in list {
-        let r = errno_of(guard_rt(|| q.rt.post_send(w)));
+    for (w, data) in list {
+        let r = match data {
+            Some(d) => post_inline(q, w, &[&d]),
+            None => errno_of(guard_rt(|| q.rt.post_send(w))),
+        };
         if r != 0 {
             return r;
         }
@@ -865,7 +943,7 @@ unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp, lkey: u32, addr: u64, length: u
     // SAFETY: forwarded.
     unsafe {
         with_pending(qp, |_, list| {
-            list.last_mut()?.sg_list = vec![Sge { addr, length, lkey: softrdma::Lkey(lkey) }];
+            list.last_mut()?.0.sg_list = vec![Sge { addr, length, lkey: softrdma::Lkey(lkey) }];
             Some(())
         })
     }
@@ -877,7 +955,7 @@ unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp, n: usize, sg: *const ibv_s
     // SAFETY: forwarded.
     unsafe {
         with_pending(qp, |_, pending| {
-            pending.last_mut()?.sg_list = list?;
+            pending.last_mut()?.0.sg_list = list?;
             Some(())
         })
     }
@@ -888,17 +966,52 @@ unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp, ah: *mut ibv_ah, remote_qpn
     unsafe {
         with_pending(qp, |_, list| {
             let ah: &AddressHandle = &ah.cast::<Ah>().as_ref()?.rt;
-            list.last_mut()?.ud = Some(ah.dest(Qpn::new(remote_qpn & 0xFF_FFFF), Qkey(remote_qkey)));
+            list.last_mut()?.0.ud = Some(ah.dest(Qpn::new(remote_qpn & 0xFF_FFFF), Qkey(remote_qkey)));
             Some(())
         })
     }
 }
 
-/// Inline data from memory that need not be registered is not offered: the request is
-/// spoiled and `ibv_wr_complete` fails with EINVAL.
-unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp, _addr: *mut c_void, _len: usize) {
+/// The request's payload, copied now (from memory that need not be registered).
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp, addr: *mut c_void, len: usize) {
+    let one = ibv_data_buf { addr, length: len };
+    // SAFETY: forwarded; one buffer.
+    unsafe { wr_set_inline_data_list(qp, 1, &one) }
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp, n: usize, bufs: *const ibv_data_buf) {
     // SAFETY: forwarded.
-    unsafe { with_pending(qp, |_, _| None) }
+    unsafe {
+        with_pending(qp, |q, list| {
+            let bufs = if n == 0 { &[][..] } else { std::slice::from_raw_parts(bufs.as_ref()?, n) };
+            if bufs.iter().map(|b| b.length as u64).sum::<u64>() > u64::from(q.ibv_cap_inline()) {
+                return None;
+            }
+            let mut data = Vec::new();
+            for b in bufs {
+                // SAFETY: the program's buffers (verbs' contract), bounded above.
+                data.extend_from_slice(raw_bytes(b.addr as u64, b.length));
+            }
+            let last = list.last_mut()?;
+            if !sends_data(&last.0.op) {
+                return None;
+            }
+            last.1 = Some(data);
+            Some(())
+        })
+    }
+}
+
+/// `len` bytes at `addr` (empty for a zero length, whatever the address).
+///
+/// # Safety
+/// Unless `len` is 0, `addr` points to `len` readable bytes.
+unsafe fn raw_bytes<'a>(addr: u64, len: usize) -> &'a [u8] {
+    if len == 0 || addr == 0 {
+        return &[];
+    }
+    // SAFETY: by the contract.
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
 }
 
 #[no_mangle]

@@ -85,6 +85,7 @@ fn items() -> Vec<Item> {
         }
         ibv_cq_init_attr_ex { cqe, cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain }
         ibv_poll_cq_attr { comp_mask }
+        ibv_data_buf { addr, length }
         ibv_values_ex { comp_mask, raw_clock }
     };
     // `ibv_qp_ex` and `ibv_cq_ex` are `ibv_qp` / `ibv_cq` followed by the tail the library
