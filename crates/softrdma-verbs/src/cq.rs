@@ -272,6 +272,19 @@ fn wc_opcode(op: WcOpcode) -> c_int {
     }
 }
 
+/// For a UD receive, the kind of header in its 40-byte GRH area, in `wc.sl` as RoCE NICs
+/// report it (IBTA Annex A17.4.5.1 asks the CQE for the L3 type; ConnectX puts it in the
+/// SL bits: 2 for IPv4, 1 for IPv6). UCX reads it to find the destination address it
+/// checks, at bytes 36..40 (IPv4) or 24..40 (IPv6). 0 for everything else.
+fn roce_l3_type(w: &WorkCompletion) -> u8 {
+    match (w.grh, w.src) {
+        (true, Some(std::net::SocketAddr::V4(_))) => 2,
+        (true, Some(std::net::SocketAddr::V6(a))) if a.ip().to_ipv4_mapped().is_some() => 2,
+        (true, Some(std::net::SocketAddr::V6(_))) => 1,
+        _ => 0,
+    }
+}
+
 pub(crate) fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
     let mut flags = 0;
     let mut imm = 0;
@@ -297,7 +310,7 @@ pub(crate) fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
         wc_flags: flags,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl: roce_l3_type(w),
         dlid_path_bits: 0,
     }
 }

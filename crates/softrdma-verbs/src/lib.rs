@@ -35,6 +35,7 @@ use softrdma::Context;
 pub mod abi;
 mod cq;
 mod device;
+mod extra;
 mod stubs;
 mod verbs;
 

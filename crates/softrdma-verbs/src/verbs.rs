@@ -730,7 +730,8 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
     let attr = AhAttr {
         dgid: a.grh.dgid.raw,
         sgid_index: Some(a.grh.sgid_index),
-        flow_label: a.grh.flow_label,
+        // 20 bits on the wire; UCX passes 0xffffffff, which hardware providers truncate.
+        flow_label: a.grh.flow_label & 0xF_FFFF,
         hop_limit: a.grh.hop_limit,
         traffic_class: a.grh.traffic_class,
         port_num: a.port_num,

@@ -142,6 +142,14 @@ impl ProtectionDomain {
     }
 }
 
+impl AhAttr {
+    /// The attributes that reach the sender of a UD receive, from the 40-byte GRH area
+    /// of its buffer (source GID, traffic class, flow label).
+    pub fn from_grh(grh: &[u8]) -> Result<AhAttr> {
+        parse_grh(grh)
+    }
+}
+
 /// The source GID, traffic class and flow label of a GRH area: for IPv4, twenty zero bytes
 /// and the IPv4 header; for IPv6, the IPv6 header.
 fn parse_grh(g: &[u8]) -> Result<AhAttr> {
