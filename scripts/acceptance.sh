@@ -78,9 +78,12 @@ wait_listening() { # port server-pid
   done
 }
 
-# The headline figure of a run: the pingpongs' usec/iter, perftest's last table row.
+# The headline figure of a run: the pingpongs' usec/iter, ucx_perftest's final line,
+# perftest's last table row.
 figure() {
-  if grep -q "usec/iter" "$1"; then
+  if grep -q "^Final:" "$1"; then
+    grep "^Final:" "$1" | tail -1 | awk '{printf "%s us avg, %s MB/s", $4, $6}'
+  elif grep -q "usec/iter" "$1"; then
     grep "usec/iter" "$1" | tail -1 | sed 's/.*= //'
   else
     awk '/^ *#bytes/ {h=1; next} h && NF>3 && $1 ~ /^[0-9]+$/ {row=$0} END {print row}' "$1" | tr -s ' \t' ' '
@@ -175,10 +178,56 @@ pair "ib_write_bw/perf" "C server, Rust client" $(on $srv_ip ib_write_bw -p @POR
 pair "perf/ib_send_lat" "Rust server, C client" $softrdma perf send_lat -d $srv_ip -p @PORT@ -n 2000 :: \
   $(on $cli_ip ib_send_lat -p @PORT@ -n 2000 $srv_ip)
 
-# ---- Not yet offered -----------------------------------------------------------------
-for t in ucx_perftest mpirun; do
-  command -v $t >/dev/null || table+=("$(printf '%-18s %-34s %s' $t "" "not installed")")
-done
+# ---- UCX -------------------------------------------------------------------------------
+# UCX lists a device only if /dev/infiniband/<dev_name> exists; softrdma exec provides it
+# in a private mount namespace. UCT-level runs name the transport; UCP-level runs choose
+# them with UCX_TLS (rc_v = rc_verbs with ud_verbs for wire-up).
+if command -v ucx_perftest >/dev/null; then
+  export UCX_NET_DEVICES=srdma_lo:1
+  check_output ucx_info "-d (rc_verbs, ud_verbs listed)" "Transport: rc_verbs" ucx_info -d -t rc_verbs
+  check_output ucx_info "-d -t ud_verbs" "Transport: ud_verbs" ucx_info -d -t ud_verbs
+  for spec in "rc_verbs am_lat" "rc_verbs am_bw" "rc_verbs put_bw" "rc_verbs get -D bcopy" \
+    "rc_verbs put_bw -D zcopy -s 65536" "rc_verbs fadd" "rc_verbs cswap" "ud_verbs am_lat" "ud_verbs am_bw"; do
+    read -r tl t <<<"$spec"
+    # shellcheck disable=SC2086
+    pair ucx_perftest "-x $tl -t $t" $(on $srv_ip ucx_perftest -p @PORT@) :: \
+      $(on $cli_ip ucx_perftest 127.0.0.1 -p @PORT@ -d srdma_lo:1 -x $tl -t $t -n 2000)
+  done
+  for spec in "rc_v tag_lat -n 10000" "rc_v tag_bw -s 1048576 -n 200" "rc_v ucp_put_bw -s 65536 -n 2000" \
+    "rc_v ucp_get -s 65536 -n 2000" "ud_v tag_lat -n 10000" "ud_v stream_bw -n 20000"; do
+    read -r tls t <<<"$spec"
+    # shellcheck disable=SC2086
+    UCX_TLS=$tls,self pair ucx_perftest "UCX_TLS=$tls,self -t $t" $(on $srv_ip ucx_perftest -p @PORT@) :: \
+      $(on $cli_ip ucx_perftest 127.0.0.1 -p @PORT@ -t $t)
+  done
+else
+  table+=("$(printf '%-18s %-34s %s' ucx_perftest "" "not installed")")
+  [ -n "${CI:-}" ] && fail=$((fail + 1))
+fi
+
+# ---- Open MPI over UCX ---------------------------------------------------------------
+# Two ranks, each on its own address (an MPMD launch), the UCX PML forced (Debian's
+# configuration turns it off) and allowed on any device; the program checks its results.
+if command -v mpirun >/dev/null && command -v mpicc >/dev/null; then
+  mpicc -O2 -o "$logs/mpi_check" scripts/mpi/mpi_check.c
+  root=()
+  [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
+  for tls in rc_v ud_v; do
+    log=$logs/mpirun.$tls
+    UCX_TLS=$tls,self timeout 120 mpirun "${root[@]}" --oversubscribe --mca pml ucx --mca pml_ucx_devices any \
+      --mca osc ^ucx --mca btl self -np 1 "$softrdma" exec --bind $srv_ip -- "$logs/mpi_check" : \
+      -np 1 "$softrdma" exec --bind $cli_ip -- "$logs/mpi_check" >"$log" 2>&1
+    if [ $? -eq 0 ] && grep -q "^alltoall: 64 MiB per rank ok" "$log"; then
+      record "mpirun -np 2" "pml ucx, UCX_TLS=$tls,self" "ok  $(grep -o '[0-9.]* us round trip' "$log")"
+    else
+      record "mpirun -np 2" "pml ucx, UCX_TLS=$tls,self" "FAIL"
+      tail -20 "$log" >&2
+    fi
+  done
+else
+  table+=("$(printf '%-18s %-34s %s' mpirun "" "not installed")")
+  [ -n "${CI:-}" ] && fail=$((fail + 1))
+fi
 
 echo
 printf '%-18s %-34s %s\n' program options result

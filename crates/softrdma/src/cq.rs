@@ -96,9 +96,12 @@ impl CqShared {
         let armed = self.armed.load(Ordering::Acquire);
         let fire =
             armed == ARMED_ANY || (armed == ARMED_SOLICITED && (wc.solicited || wc.status as u32 != 0));
-        if fire && self.armed.swap(DISARMED, Ordering::AcqRel) != DISARMED {
-            if let (Some(ch), Some(me)) = (&self.channel, self.me.upgrade()) {
-                ch.notify(me);
+        if fire {
+            let mode = self.armed.swap(DISARMED, Ordering::AcqRel);
+            if mode != DISARMED {
+                if let (Some(ch), Some(me)) = (&self.channel, self.me.upgrade()) {
+                    ch.notify(me, mode);
+                }
             }
         }
         if self.has_wakers.swap(false, Ordering::AcqRel) {
@@ -106,6 +109,10 @@ impl CqShared {
             wakers.into_iter().for_each(Waker::wake);
         }
         len <= self.cap
+    }
+
+    fn is_empty(&self) -> bool {
+        self.q.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
     }
 
     fn pop_into(&self, out: &mut [WorkCompletion]) -> usize {
@@ -295,17 +302,18 @@ pub const EMPTY_WC: WorkCompletion = WorkCompletion {
 #[derive(Debug)]
 pub(crate) struct ChannelShared {
     efd: EventFd,
-    events: Mutex<VecDeque<Arc<CqShared>>>,
+    /// CQs with an event, each with the arming mode the event consumed.
+    events: Mutex<VecDeque<(Arc<CqShared>, u8)>>,
     unacked: AtomicUsize,
 }
 
 impl ChannelShared {
-    fn notify(&self, cq: Arc<CqShared>) {
+    fn notify(&self, cq: Arc<CqShared>, mode: u8) {
         // Signal under the lock that `try_get_event` drains under, so that the fd is
         // readable exactly while an event waits: a C program polls the fd, then calls
         // `ibv_get_cq_event`, which must not block.
         let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        events.push_back(cq);
+        events.push_back((cq, mode));
         self.efd.signal();
     }
 }
@@ -328,17 +336,33 @@ impl CompletionChannel {
     }
 
     /// The next event without blocking: the CQ that has new completions.
+    ///
+    /// An event whose completions were all polled before it was read (the program armed
+    /// the CQ, then polled the completion that fired it) is not returned: the CQ is armed
+    /// again in the same mode, as the program left it, and the next event is looked at.
+    /// So a program that takes an event and then polls always finds a completion, which
+    /// `ibv_start_poll` users rely on (ENOENT after an event is an error to them).
     pub fn try_get_event(&self) -> Option<CompletionQueue> {
-        let cq = {
-            let mut events = self.shared.events.lock().unwrap_or_else(|p| p.into_inner());
-            let cq = events.pop_front();
-            if events.is_empty() {
-                self.shared.efd.drain();
+        loop {
+            let (cq, mode) = {
+                let mut events = self.shared.events.lock().unwrap_or_else(|p| p.into_inner());
+                let ev = events.pop_front();
+                if events.is_empty() {
+                    self.shared.efd.drain();
+                }
+                ev?
+            };
+            if cq.is_empty() {
+                // Re-arm, then look again: a completion that landed in between is either
+                // seen now or fires the new arming.
+                cq.armed.store(mode, Ordering::Release);
+                if cq.is_empty() {
+                    continue;
+                }
             }
-            cq?
-        };
-        self.shared.unacked.fetch_add(1, Ordering::Relaxed);
-        Some(CompletionQueue { shared: cq, ctx: self.ctx.clone() })
+            self.shared.unacked.fetch_add(1, Ordering::Relaxed);
+            return Some(CompletionQueue { shared: cq, ctx: self.ctx.clone() });
+        }
     }
 
     /// Blocks until an armed CQ has a new completion, and returns that CQ.

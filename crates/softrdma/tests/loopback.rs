@@ -251,6 +251,46 @@ fn event_mode_wakes_on_the_completion_channel() {
 }
 
 #[test]
+fn an_event_whose_completions_were_polled_is_skipped_and_the_cq_stays_armed() {
+    let (ca, cb) = (ctx(14), ctx(15));
+    let ch = cb.create_channel().unwrap();
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let cqa = ca.create_cq(8, None).unwrap();
+    let cqb = cb.create_cq(8, Some(&ch)).unwrap();
+    let qa = pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
+    let qb = pb.prepare_qp(&QpBuilder::rc(), &cqb, &cqb).unwrap();
+    let mrb = pb.register(64, Access::LOCAL_WRITE).unwrap();
+    for id in [1, 2] {
+        qb.post_recv(RecvWr { wr_id: id, sg_list: vec![mrb.sge(0, 64).unwrap()] }).unwrap();
+    }
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
+    let _qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
+    let mra = pa.register(8, Access::NONE).unwrap();
+    let send = |id| {
+        qa.post_send(SendWr {
+            wr_id: id,
+            op: SendOp::Send,
+            sg_list: vec![mra.sge(0, 8).unwrap()],
+            flags: signaled(),
+            ud: None,
+        })
+        .unwrap()
+    };
+    // Arm, then poll the completion that fires the event before reading the event.
+    cqb.req_notify(false).unwrap();
+    send(10);
+    assert_eq!(wait(&cqb).wr_id, 1);
+    // The event is there (the fd says so) but leads to nothing: it is not returned.
+    assert!(ch.try_get_event().is_none(), "an event for an already polled completion");
+    // The CQ is still armed, as the program left it: the next completion fires.
+    send(11);
+    let cq = ch.get_event_timeout(Duration::from_secs(20)).unwrap().expect("event after re-arming");
+    assert_eq!(cq.id(), cqb.id());
+    assert_eq!(cqb.poll_one().map(|w| w.wr_id), Some(2));
+}
+
+#[test]
 fn devices_are_listed_and_loopback_addresses_open() {
     let devs = softrdma::devices().unwrap();
     let lo = devs.iter().find(|d| d.addr == IpAddr::from([127, 0, 0, 1])).expect("loopback device");
