@@ -250,3 +250,32 @@ fn interop_captures_with_rxe_are_all_valid() {
         "rxe's ACKs"
     );
 }
+
+#[test]
+fn drop_in_library_captures_with_rxe_are_all_valid_both_ways() {
+    // perftest and ibv_rc_pingpong on the drop-in libibverbs.so.1 against the same tools
+    // on Linux rxe, each direction (testdata/interop-lib/README.md).
+    let files = pcaps("testdata/interop-lib");
+    assert_eq!(files.len(), 6);
+    for f in &files {
+        let o = decode(&[f.as_path()], false);
+        assert_eq!(o.status.code(), Some(0), "{}", f.display());
+        assert_eq!(summary(&o).0, "300 packets, 300 icrc-ok, 0 icrc-bad, 0 malformed", "{}", f.display());
+        let out = stdout(&o);
+        let name = f.file_name().unwrap().to_string_lossy();
+        // Both ends speak: softrdma from 192.168.77.1:4791, rxe from a per-QP port.
+        assert!(out.contains("192.168.77.1:4791 > 192.168.77.11:4791 RC "), "{name}: softrdma's packets");
+        assert!(out.contains("> 192.168.77.1:4791 RC "), "{name}: rxe's packets");
+        let (ours, theirs) = match &*name {
+            "write_bw_vm_srv.pcap" => ("RC RDMA_WRITE_MIDDLE", "RC ACKNOWLEDGE"),
+            "write_bw_host_srv.pcap" => ("RC ACKNOWLEDGE", "RC RDMA_WRITE_MIDDLE"),
+            n if n.starts_with("send_lat") => ("RC SEND_ONLY", "RC SEND_ONLY"),
+            _ => ("RC SEND_FIRST", "RC SEND_FIRST"),
+        };
+        assert!(out.contains(&format!("192.168.77.1:4791 > 192.168.77.11:4791 {ours}")), "{name}: {ours}");
+        assert!(
+            out.lines().any(|l| l.contains("> 192.168.77.1:4791") && l.contains(theirs)),
+            "{name}: rxe's {theirs}"
+        );
+    }
+}
