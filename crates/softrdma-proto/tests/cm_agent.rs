@@ -253,7 +253,7 @@ fn handshake_and_disconnect_exactly_once_under_loss_duplication_and_reordering()
     let mut retransmits = 0;
     let mut duplicates = 0;
     for seed in 0..300 {
-        let w = handshake_and_close(seed, imp.clone());
+        let w = handshake_and_close(seed, imp);
         retransmits += w.agents[0].stats().retransmits + w.agents[1].stats().retransmits;
         duplicates += w.agents[0].stats().duplicates + w.agents[1].stats().duplicates;
     }
