@@ -15,16 +15,32 @@
 //! P_Key policy (rxe's): the P_Key in a packet's BTH must match the device's P_Key table
 //! entry 0 (0xFFFF) — the low 15 bits equal and nonzero, one side a full member — or the
 //! packet is dropped and counted.
+//!
+//! QP1, the GSI: with [`Endpoint::enable_cm`] the endpoint carries the connection
+//! manager's MADs (IBTA vol. 1 §13.4, §12.11): UD SEND_ONLY packets to QP1 with Q_Key
+//! 0x80010000 go to the [`CmAgent`], and the agent's MADs leave first, before any QP's
+//! packets. A CM message may come from any RoCE sender, so QP1 accepts the ID-agnostic
+//! ICRC check; the endpoint remembers which peers needed it ([`Endpoint::peer_is_foreign`]),
+//! so that the QPs the CM connects are told whether their peer is foreign.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use crate::memory::Memory;
+use crate::cm::{CmAgent, CmConfig};
+use crate::memory::{Memory, PdId};
 use crate::qp::{QpConfig, QueuePair, Srq, SrqId, Transmit};
-use crate::wire::{icrc, pkey_match, Packet, DEFAULT_PKEY};
-use crate::Qpn;
+use crate::wire::mad::MAD_LEN;
+use crate::wire::{
+    icrc, pkey_match, BthRepr, DethRepr, Opcode, Operation, Packet, PacketRepr, Transport, DEFAULT_PKEY,
+};
+use crate::{Psn, Qkey, Qpn};
+
+/// The GSI's QP number.
+const GSI_QPN: u32 = 1;
+/// Peers the endpoint remembers as foreign or not; the memory is cleared when full.
+const MAX_PEERS: usize = 4096;
 
 /// The first QPN handed out; 0 and 1 are the special QPs, and rxe also starts at 16.
 const FIRST_QPN: u32 = 16;
@@ -42,6 +58,9 @@ pub struct EndpointStats {
     pub unknown_qp: u64,
     /// Packets whose P_Key does not match the P_Key table (dropped, as rxe does).
     pub pkey_violations: u64,
+    /// Packets to QP1 that are not GSI MADs (wrong opcode, Q_Key or length), or that came
+    /// while the CM is off.
+    pub gsi_dropped: u64,
 }
 
 /// How a datagram arrived.
@@ -94,6 +113,12 @@ pub struct Endpoint {
     /// QP deadlines; an entry is live while it equals its slot's `armed`.
     timers: BinaryHeap<Reverse<(Duration, u32)>>,
     stats: EndpointStats,
+    /// The connection manager on QP1, once enabled.
+    cm: Option<CmAgent>,
+    /// The PSN of the GSI's next packet.
+    gsi_psn: u32,
+    /// Whether each peer the GSI heard from needed the ID-agnostic ICRC check.
+    foreign: HashMap<IpAddr, bool>,
 }
 
 impl Endpoint {
@@ -110,7 +135,31 @@ impl Endpoint {
             pending: Vec::new(),
             timers: BinaryHeap::new(),
             stats: EndpointStats::default(),
+            cm: None,
+            gsi_psn: 0,
+            foreign: HashMap::new(),
         }
+    }
+
+    /// Starts the connection manager on QP1 (replacing one started before).
+    pub fn enable_cm(&mut self, cfg: CmConfig) {
+        self.cm = Some(CmAgent::new(cfg));
+    }
+
+    /// The connection manager, if enabled.
+    pub fn cm(&self) -> Option<&CmAgent> {
+        self.cm.as_ref()
+    }
+
+    /// The connection manager, mutably, if enabled.
+    pub fn cm_mut(&mut self) -> Option<&mut CmAgent> {
+        self.cm.as_mut()
+    }
+
+    /// Whether the last CM message from `peer` passed only the ID-agnostic ICRC check:
+    /// the peer is Linux rxe or a NIC, not softrdma.
+    pub fn peer_is_foreign(&self, peer: IpAddr) -> bool {
+        self.foreign.get(&peer).copied().unwrap_or(false)
     }
 
     /// The local address.
@@ -202,6 +251,10 @@ impl Endpoint {
             return;
         };
         let qpn = pkt.bth().dest_qp().get();
+        if qpn == GSI_QPN {
+            self.handle_gsi(now, src, dst, &pkt, bytes);
+            return;
+        }
         let slot = self.qps.get_mut(&qpn);
         if !icrc::verify(&encap, bytes) {
             // Only a QP whose peer is foreign accepts the ID-agnostic check.
@@ -228,6 +281,65 @@ impl Endpoint {
         touch(&mut self.touched, qpn, slot);
         let srq = slot.qp.srq().and_then(|id| self.srqs.get_mut(&id.0));
         slot.qp.handle_packet(now, src, tos, &pkt, mem, srq);
+    }
+
+    /// A packet for QP1: a MAD for the CM if it is one.
+    fn handle_gsi(&mut self, now: Duration, src: SocketAddr, dst: SocketAddr, pkt: &Packet<&[u8]>, bytes: &[u8]) {
+        let exact = icrc::Encap::new(src, dst).is_some_and(|e| icrc::verify(&e, bytes));
+        let agnostic = !exact
+            && match (src, dst) {
+                (SocketAddr::V4(s), SocketAddr::V4(d)) => icrc::solve_ipv4_ident(s, d, bytes).is_some(),
+                _ => false,
+            };
+        if !exact && !agnostic {
+            self.stats.icrc_errors += 1;
+            return;
+        }
+        if !pkey_match(pkt.bth().pkey(), self.pkeys[0]) {
+            self.stats.pkey_violations += 1;
+            return;
+        }
+        let gsi_op = Opcode::from_parts(Transport::Ud, Operation::SendOnly);
+        let qkey_ok = pkt.deth().is_some_and(|d| d.qkey() == Qkey::GSI);
+        let Some(cm) = self.cm.as_mut() else {
+            self.stats.gsi_dropped += 1;
+            return;
+        };
+        if Some(pkt.opcode()) != gsi_op || !qkey_ok || pkt.payload().len() != MAD_LEN {
+            self.stats.gsi_dropped += 1;
+            return;
+        }
+        if self.foreign.len() >= MAX_PEERS && !self.foreign.contains_key(&src.ip()) {
+            self.foreign.clear();
+        }
+        self.foreign.insert(src.ip(), agnostic);
+        cm.handle_mad(now, src.ip(), pkt.payload());
+    }
+
+    /// The CM's next MAD as a whole packet in `buf`, if it has one.
+    fn poll_gsi(&mut self, buf: &mut [u8]) -> Option<Transmit> {
+        let cm = self.cm.as_mut()?;
+        loop {
+            let (peer, mad) = cm.poll_transmit()?;
+            let dst = SocketAddr::new(peer, self.local.port());
+            let Some(encap) = icrc::Encap::new(self.local, dst) else { continue };
+            let op = Opcode::from_parts(Transport::Ud, Operation::SendOnly)?;
+            let mut repr =
+                PacketRepr::new(BthRepr::new(op, Qpn::new(GSI_QPN), Psn::new(self.gsi_psn)), MAD_LEN);
+            repr.ext.deth = Some(DethRepr { qkey: Qkey::GSI, src_qp: Qpn::new(GSI_QPN) });
+            let Ok(len) = repr.emit(buf, &mad, &encap) else { continue };
+            self.gsi_psn = (self.gsi_psn + 1) & crate::MASK_24;
+            return Some(Transmit {
+                dst,
+                head_len: len,
+                payload: Vec::new(),
+                pd: PdId(0),
+                tail: [0; 7],
+                tail_len: 0,
+                alone: true,
+                tos: 0,
+            });
+        }
     }
 
     /// Brings the bookkeeping of every touched QP up to date: its deadline in the heap, its
@@ -271,6 +383,9 @@ impl Endpoint {
 
     /// The next packet any QP wants to send, taking ready QPs in turn.
     pub fn poll_transmit(&mut self, now: Duration, buf: &mut [u8], mem: &dyn Memory) -> Option<Transmit> {
+        if let Some(t) = self.poll_gsi(buf) {
+            return Some(t);
+        }
         self.settle();
         while let Some(qpn) = self.ready.pop_front() {
             let Some(slot) = self.qps.get_mut(&qpn) else { continue };
@@ -285,14 +400,24 @@ impl Endpoint {
         None
     }
 
-    /// The earliest deadline of any QP.
+    /// The earliest deadline of any QP or of the CM.
     pub fn poll_timeout(&mut self) -> Option<Duration> {
         self.settle();
-        self.timers.peek().map(|Reverse((t, _))| *t)
+        let qps = self.timers.peek().map(|Reverse((t, _))| *t);
+        let cm = self.cm.as_ref().and_then(CmAgent::poll_timeout);
+        match (qps, cm) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Runs every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Duration) {
+        if let Some(cm) = self.cm.as_mut() {
+            if cm.poll_timeout().is_some_and(|t| t <= now) {
+                cm.handle_timeout(now);
+            }
+        }
         self.settle();
         while let Some(&Reverse((t, qpn))) = self.timers.peek() {
             if t > now {

@@ -448,3 +448,160 @@ fn a_flood_of_forged_requests_stays_bounded_and_a_real_peer_gets_through() {
     let st = w.agents[1].stats();
     assert!(st.evicted > 1_000 && st.evicted + st.refused_full >= 20_000 - 64, "{st:?}");
 }
+
+// ---- The CM on QP1 of two endpoints: real packets, ICRC, P_Key, Q_Key ----------------
+
+mod gsi {
+    use super::*;
+    use softrdma_proto::endpoint::{Arrival, Endpoint};
+    use softrdma_proto::qp::Transmit;
+    use softrdma_proto::sim::SimMemory;
+    use softrdma_proto::wire::{icrc, BthRepr, DethRepr, Opcode, Operation, PacketRepr, Transport};
+    use softrdma_proto::{Psn, Qkey, Qpn};
+
+    /// Moves every packet each endpoint has to the other, running timers, until quiet;
+    /// returns the packets moved.
+    fn pump(eps: &mut [Endpoint; 2], mem: &mut SimMemory, now: Duration) -> Vec<(usize, Vec<u8>)> {
+        let mut moved = Vec::new();
+        loop {
+            let mut any = false;
+            for from in 0..2 {
+                eps[from].handle_timeout(now);
+                let mut buf = vec![0u8; 2048];
+                while let Some(t) = eps[from].poll_transmit(now, &mut buf, mem) {
+                    let t: Transmit = t;
+                    let bytes = t.assemble(&buf, mem);
+                    let src = eps[from].local();
+                    eps[1 - from].handle_datagram(now, Arrival::new(src, t.dst), &bytes, mem);
+                    moved.push((from, bytes));
+                    any = true;
+                }
+            }
+            if !any {
+                return moved;
+            }
+        }
+    }
+
+    fn endpoints() -> [Endpoint; 2] {
+        let mut eps = [Endpoint::new(sock(ip(A))), Endpoint::new(sock(ip(B)))];
+        for (i, ep) in eps.iter_mut().enumerate() {
+            ep.enable_cm(CmConfig { seed: i as u64 + 1, ..CmConfig::default() });
+        }
+        eps
+    }
+
+    fn events(ep: &mut Endpoint) -> Vec<CmEvent> {
+        std::iter::from_fn(|| ep.cm_mut().and_then(|c| c.poll_event())).collect()
+    }
+
+    #[test]
+    fn a_handshake_and_a_disconnect_cross_qp1_as_ud_sends_to_the_gsi() {
+        let mut mem = SimMemory::new(1);
+        let mut eps = endpoints();
+        let t0 = Duration::ZERO;
+        eps[1].cm_mut().unwrap().listen(sid(), 8).unwrap();
+        let id = eps[0].cm_mut().unwrap().connect(t0, ip(B), req(0x11, b"hello")).unwrap();
+        let moved = pump(&mut eps, &mut mem, t0);
+        assert_eq!(moved.len(), 1, "the REQ only");
+        let pkt = softrdma_proto::wire::Packet::new_checked(&moved[0].1[..]).unwrap();
+        assert_eq!(pkt.bth().dest_qp(), Qpn::new(1));
+        assert_eq!(Some(pkt.opcode()), Opcode::from_parts(Transport::Ud, Operation::SendOnly));
+        assert_eq!(pkt.deth().unwrap().qkey(), Qkey::GSI);
+        assert_eq!(pkt.deth().unwrap().src_qp(), Qpn::new(1));
+        assert_eq!(pkt.payload().len(), 256);
+        let encap = icrc::Encap::new(sock(ip(A)), sock(ip(B))).unwrap();
+        assert!(icrc::verify(&encap, &moved[0].1), "softrdma sends the exact ICRC");
+
+        let ev = events(&mut eps[1]);
+        let [CmEvent::ConnectRequest { id: pid, peer, req: r }] = &ev[..] else { panic!("{ev:?}") };
+        assert_eq!((*peer, r.local_qpn, &r.private_data[..5]), (ip(A), 0x11, &b"hello"[..]));
+        assert!(!eps[1].peer_is_foreign(ip(A)));
+        eps[1].cm_mut().unwrap().accept(t0, *pid, rep(0x22, b"")).unwrap();
+        pump(&mut eps, &mut mem, t0);
+        let ev = events(&mut eps[0]);
+        assert!(matches!(&ev[..], [CmEvent::ConnectResponse { rep, .. }] if rep.local_qpn == 0x22), "{ev:?}");
+        eps[0].cm_mut().unwrap().rtu(id, b"").unwrap();
+        pump(&mut eps, &mut mem, t0);
+        assert!(events(&mut eps[0]).iter().any(established));
+        assert!(events(&mut eps[1]).iter().any(established));
+
+        eps[0].cm_mut().unwrap().disconnect(t0, id, b"").unwrap();
+        pump(&mut eps, &mut mem, t0);
+        assert!(events(&mut eps[1]).iter().any(disconnected));
+        assert!(events(&mut eps[0]).iter().any(disconnected));
+        // TIMEWAIT ends through the endpoint's timer.
+        let later = eps[0].poll_timeout().expect("a TIMEWAIT deadline");
+        pump(&mut eps, &mut mem, later);
+        assert!(events(&mut eps[0]).iter().any(|e| matches!(e, CmEvent::TimewaitExit { .. })));
+        assert_eq!(eps[0].stats().gsi_dropped + eps[1].stats().icrc_errors, 0);
+    }
+
+    fn gsi_packet(op: Operation, qkey: u32, mad: &[u8], pkey: u16) -> Vec<u8> {
+        let mut repr = PacketRepr::new(
+            BthRepr::new(Opcode::from_parts(Transport::Ud, op).unwrap(), Qpn::new(1), Psn::new(0)),
+            mad.len(),
+        );
+        repr.bth.pkey = pkey;
+        repr.ext.deth = Some(DethRepr { qkey: Qkey(qkey), src_qp: Qpn::new(1) });
+        let mut buf = vec![0u8; 400];
+        let n = repr.emit(&mut buf, mad, &icrc::Encap::new(sock(ip(A)), sock(ip(B))).unwrap()).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    #[test]
+    fn qp1_takes_only_gsi_mads_and_needs_the_cm() {
+        let mut mem = SimMemory::new(1);
+        let mut eps = endpoints();
+        let mut off = Endpoint::new(sock(ip(B)));
+        eps[1].cm_mut().unwrap().listen(sid(), 8).unwrap();
+        // A real REQ, taken from what the other endpoint sends.
+        eps[0].cm_mut().unwrap().connect(Duration::ZERO, ip(B), req(0x11, b"")).unwrap();
+        let mut buf = vec![0u8; 2048];
+        let t = eps[0].poll_transmit(Duration::ZERO, &mut buf, &mem).unwrap();
+        let real = t.assemble(&buf, &mem);
+        let mad = real[20..20 + 256].to_vec();
+        let arrive = |ep: &mut Endpoint, mem: &mut SimMemory, b: &[u8]| {
+            ep.handle_datagram(Duration::ZERO, Arrival::new(sock(ip(A)), sock(ip(B))), b, mem)
+        };
+        // Wrong Q_Key, a short MAD, a SEND with immediate: dropped and counted.
+        arrive(&mut eps[1], &mut mem, &gsi_packet(Operation::SendOnly, 0x1234, &mad, 0xFFFF));
+        arrive(&mut eps[1], &mut mem, &gsi_packet(Operation::SendOnly, 0x8001_0000, &mad[..200], 0xFFFF));
+        assert_eq!(eps[1].stats().gsi_dropped, 2);
+        // A P_Key of another partition.
+        arrive(&mut eps[1], &mut mem, &gsi_packet(Operation::SendOnly, 0x8001_0000, &mad, 0x1234));
+        assert_eq!(eps[1].stats().pkey_violations, 1);
+        // A damaged ICRC.
+        let mut bad = real.clone();
+        let n = bad.len();
+        bad[n - 1] ^= 1;
+        arrive(&mut eps[1], &mut mem, &bad);
+        assert_eq!(eps[1].stats().icrc_errors, 1);
+        assert!(events(&mut eps[1]).is_empty());
+        // Without the CM the real one is dropped too; with it, it makes a request.
+        arrive(&mut off, &mut mem, &real);
+        assert_eq!(off.stats().gsi_dropped, 1);
+        arrive(&mut eps[1], &mut mem, &real);
+        assert!(matches!(&events(&mut eps[1])[..], [CmEvent::ConnectRequest { .. }]));
+    }
+
+    #[test]
+    fn a_cm_message_with_a_kernel_ip_id_is_taken_and_its_sender_marked_foreign() {
+        let mut mem = SimMemory::new(1);
+        let mut eps = endpoints();
+        eps[1].cm_mut().unwrap().listen(sid(), 8).unwrap();
+        eps[0].cm_mut().unwrap().connect(Duration::ZERO, ip(B), req(0x11, b"")).unwrap();
+        let mut buf = vec![0u8; 2048];
+        let t = eps[0].poll_transmit(Duration::ZERO, &mut buf, &mem).unwrap();
+        let mut pkt = t.assemble(&buf, &mem);
+        // Re-seal the ICRC as a kernel would with IP ID 0x4242 and DF: rxe's packets.
+        let n = pkt.len();
+        let encap = icrc::Encap::new(sock(ip(A)), sock(ip(B))).unwrap().with_ipv4_ident(0x4242, true);
+        let crc = icrc::compute(&encap, &pkt[..n - 4]);
+        pkt[n - 4..].copy_from_slice(&crc.to_le_bytes());
+        eps[1].handle_datagram(Duration::ZERO, Arrival::new(sock(ip(A)), sock(ip(B))), &pkt, &mut mem);
+        assert!(matches!(&events(&mut eps[1])[..], [CmEvent::ConnectRequest { .. }]));
+        assert!(eps[1].peer_is_foreign(ip(A)));
+    }
+}
