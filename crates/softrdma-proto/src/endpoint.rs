@@ -284,7 +284,14 @@ impl Endpoint {
     }
 
     /// A packet for QP1: a MAD for the CM if it is one.
-    fn handle_gsi(&mut self, now: Duration, src: SocketAddr, dst: SocketAddr, pkt: &Packet<&[u8]>, bytes: &[u8]) {
+    fn handle_gsi(
+        &mut self,
+        now: Duration,
+        src: SocketAddr,
+        dst: SocketAddr,
+        pkt: &Packet<&[u8]>,
+        bytes: &[u8],
+    ) {
         let exact = icrc::Encap::new(src, dst).is_some_and(|e| icrc::verify(&e, bytes));
         let agnostic = !exact
             && match (src, dst) {

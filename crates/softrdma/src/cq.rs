@@ -230,6 +230,27 @@ impl CompletionQueue {
         }
     }
 
+    /// Polls until a completion arrives or `timeout` passes (yielding the CPU between
+    /// polls once the first microseconds are spent).
+    pub fn wait_one_timeout(&self, timeout: std::time::Duration) -> Option<WorkCompletion> {
+        let start = std::time::Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if let Some(wc) = self.poll_one() {
+                return Some(wc);
+            }
+            if start.elapsed() >= timeout {
+                return None;
+            }
+            spins += 1;
+            if spins < 1000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
     /// Arms the CQ: the next completion (with `solicited_only`, the next solicited one or
     /// error) produces an event on its channel.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {

@@ -17,9 +17,10 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use softrdma_proto::cm::{CmAgent, CmConfig, CmError, CmEvent, CommId, Rep, Req};
 use softrdma_proto::endpoint::{Arrival, Endpoint, EndpointStats};
 use softrdma_proto::memory::{Access, PdId};
 use softrdma_proto::qp::{QpAttr, QpConfig, QpState, QueuePair, RecvWr, SendWr, SrqId, WorkCompletion};
@@ -56,6 +57,33 @@ pub(crate) trait CompletionSink: Send + Sync + std::fmt::Debug {
     fn push(&self, wc: WorkCompletion) -> bool;
     /// The number events name the sink by.
     fn id(&self) -> u32;
+}
+
+/// Where the CM's events for a connection or a listener go (an rdma_cm ID). Called
+/// without the engine lock held.
+pub(crate) trait CmSink: Send + Sync + std::fmt::Debug {
+    /// An event of the agent; `foreign` says whether the peer's CM messages needed the
+    /// ID-agnostic ICRC check (Linux rxe, a NIC).
+    fn cm_event(&self, ev: CmEvent, foreign: bool);
+}
+
+/// The active side's QP, which the engine moves to RTR and RTS when the REP arrives,
+/// before it sends the RTU (as the kernel's rdma_cm does).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ActiveQp {
+    pub(crate) qpn: Qpn,
+    /// What the REQ offered.
+    pub(crate) req: crate::cm::Offer,
+}
+
+/// A connection's route: its ID, and the QP to move for it.
+#[derive(Debug)]
+struct CmRoute {
+    sink: Weak<dyn CmSink>,
+    /// Active: the QP to ready when the REP comes.
+    qp: Option<ActiveQp>,
+    /// The QP to fail when the connection ends.
+    qpn: Option<Qpn>,
 }
 
 /// Where a QP's completions go.
@@ -129,6 +157,12 @@ struct Core {
     link: Box<dyn Link>,
     slots: Vec<u8>,
     out: Vec<OutMsg>,
+    /// The IDs of the CM's connections.
+    cm_routes: HashMap<CommId, CmRoute>,
+    /// Listening IDs by service ID.
+    cm_listeners: HashMap<u64, Weak<dyn CmSink>>,
+    /// CM events to hand to their IDs once the lock is released.
+    cm_out: Vec<(Weak<dyn CmSink>, CmEvent, bool)>,
 }
 
 /// One opened device, shared by all its objects and its progress thread.
@@ -152,11 +186,39 @@ pub(crate) struct Engine {
     napping: AtomicBool,
     /// `Core::async_efd`'s descriptor.
     async_fd: RawFd,
+    /// CM events wait in `Core::cm_out`.
+    cm_waiting: AtomicBool,
+    /// Held by the thread handing out CM events.
+    cm_turn: Mutex<()>,
 }
 
 /// The GSO train being built: ((destination, TOS), segment size, segments, bytes, still
 /// open).
 type Train = ((SocketAddr, u8), usize, usize, usize, bool);
+
+/// The running agent.
+fn agent(core: &mut Core) -> Result<&mut CmAgent> {
+    core.endpoint.cm_mut().ok_or(Error::InvalidArgument("the connection manager is not running"))
+}
+
+fn cm_err(e: CmError) -> Error {
+    Error::Cm(e)
+}
+
+/// The connection an event is about.
+fn cm_event_id(ev: &CmEvent) -> CommId {
+    match *ev {
+        CmEvent::ConnectRequest { id, .. }
+        | CmEvent::ConnectResponse { id, .. }
+        | CmEvent::Established { id }
+        | CmEvent::Rejected { id, .. }
+        | CmEvent::Unreachable { id }
+        | CmEvent::Disconnected { id }
+        | CmEvent::TimewaitExit { id }
+        | CmEvent::SidrRequest { id, .. }
+        | CmEvent::SidrResponse { id, .. } => id,
+    }
+}
 
 fn ns(d: Duration) -> u64 {
     d.as_nanos().min(u128::from(u64::MAX - 1)) as u64
@@ -178,6 +240,9 @@ impl Engine {
             link,
             slots: vec![0; BATCH * SLOT],
             out: Vec::with_capacity(BATCH),
+            cm_routes: HashMap::new(),
+            cm_listeners: HashMap::new(),
+            cm_out: Vec::new(),
         };
         Ok(Engine {
             core: Mutex::new(core),
@@ -191,6 +256,8 @@ impl Engine {
             sleeping_until: AtomicU64::new(u64::MAX),
             app_polls: AtomicU64::new(0),
             napping: AtomicBool::new(false),
+            cm_waiting: AtomicBool::new(false),
+            cm_turn: Mutex::new(()),
         })
     }
 
@@ -426,6 +493,278 @@ impl Engine {
         }
     }
 
+    // ---- Connection manager ----------------------------------------------------------
+
+    /// Starts the CM on QP1 unless it runs.
+    pub(crate) fn cm_enable(&self, cfg: impl FnOnce() -> CmConfig) {
+        let mut core = self.lock();
+        if core.endpoint.cm().is_none() {
+            core.endpoint.enable_cm(cfg());
+        }
+    }
+
+    /// Runs `f` with the agent under the lock, sends what it queued, then hands out the
+    /// events that are waiting.
+    fn with_cm<R>(&self, f: impl FnOnce(&mut Core, Duration) -> Result<R>) -> Result<R> {
+        let r = {
+            let mut core = self.lock();
+            if core.endpoint.cm().is_none() {
+                return Err(Error::InvalidArgument("the connection manager is not running"));
+            }
+            let now = self.now();
+            let r = f(&mut core, now);
+            self.flush(&mut core);
+            self.nudge(&mut core);
+            r
+        };
+        self.deliver_cm();
+        r
+    }
+
+    /// Takes REQs and SIDR_REQs for `sid`, reporting them to `sink`.
+    pub(crate) fn cm_listen(&self, sid: u64, backlog: usize, sink: Weak<dyn CmSink>) -> Result<()> {
+        self.with_cm(|core, _| {
+            agent(core)?.listen(sid, backlog).map_err(cm_err)?;
+            core.cm_listeners.insert(sid, sink);
+            Ok(())
+        })
+    }
+
+    pub(crate) fn cm_unlisten(&self, sid: u64) {
+        let _ = self.with_cm(|core, _| {
+            agent(core)?.unlisten(sid);
+            core.cm_listeners.remove(&sid);
+            Ok(())
+        });
+    }
+
+    /// Sends a REQ; with `qp`, the engine readies the QP when the REP comes and sends the
+    /// RTU itself.
+    pub(crate) fn cm_connect(
+        &self,
+        peer: std::net::IpAddr,
+        req: Req,
+        sink: Weak<dyn CmSink>,
+        qp: Option<ActiveQp>,
+    ) -> Result<CommId> {
+        self.with_cm(|core, now| {
+            let id = agent(core)?.connect(now, peer, req).map_err(cm_err)?;
+            core.cm_routes.insert(id, CmRoute { sink, qpn: qp.map(|q| q.qpn), qp });
+            Ok(id)
+        })
+    }
+
+    /// Sends a SIDR_REQ.
+    pub(crate) fn cm_sidr_request(
+        &self,
+        peer: std::net::IpAddr,
+        sid: u64,
+        private_data: &[u8],
+        sink: Weak<dyn CmSink>,
+    ) -> Result<CommId> {
+        self.with_cm(|core, now| {
+            let id = agent(core)?.sidr_request(now, peer, sid, private_data).map_err(cm_err)?;
+            core.cm_routes.insert(id, CmRoute { sink, qp: None, qpn: None });
+            Ok(id)
+        })
+    }
+
+    /// Passive: moves the QP (if any) to RTR and RTS with `attrs`, then sends the REP.
+    pub(crate) fn cm_accept(
+        &self,
+        comm: CommId,
+        rep: Rep,
+        qp: Option<(Qpn, [QpAttr; 2], bool)>,
+    ) -> Result<()> {
+        self.with_cm(|core, now| {
+            if let Some((qpn, attrs, foreign)) = qp {
+                let q = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+                q.set_foreign_peer(foreign);
+                for a in &attrs {
+                    q.modify(a)?;
+                }
+                if let Some(r) = core.cm_routes.get_mut(&comm) {
+                    r.qpn = Some(qpn);
+                }
+            }
+            agent(core)?.accept(now, comm, rep).map_err(cm_err)
+        })
+    }
+
+    /// Passive: answers a SIDR_REQ.
+    pub(crate) fn cm_sidr_reply(
+        &self,
+        comm: CommId,
+        status: u8,
+        qpn: u32,
+        qkey: u32,
+        data: &[u8],
+    ) -> Result<()> {
+        self.with_cm(|core, _| agent(core)?.sidr_reply(comm, status, qpn, qkey, data).map_err(cm_err))
+    }
+
+    /// Refuses a request (or a REP) with a REJ.
+    pub(crate) fn cm_reject(&self, comm: CommId, reason: u16, data: &[u8]) -> Result<()> {
+        self.with_cm(|core, _| agent(core)?.reject(comm, reason, data).map_err(cm_err))
+    }
+
+    /// Active without a QP the engine readies: sends the RTU.
+    pub(crate) fn cm_rtu(&self, comm: CommId) -> Result<()> {
+        self.with_cm(|core, _| agent(core)?.rtu(comm, &[]).map_err(cm_err))
+    }
+
+    /// Passive: the connection is in use before the RTU came.
+    pub(crate) fn cm_establish(&self, comm: CommId) -> Result<()> {
+        self.with_cm(|core, _| agent(core)?.establish(comm).map_err(cm_err))
+    }
+
+    /// Moves the QP to ERR (flushing its work requests) and sends a DREQ, if the
+    /// connection is one that a DREQ closes; a connection already closing is left alone.
+    pub(crate) fn cm_disconnect(&self, comm: CommId, qpn: Option<Qpn>) -> Result<()> {
+        self.with_cm(|core, now| {
+            if let Some(q) = qpn.and_then(|q| core.endpoint.qp_mut(q)) {
+                let _ = q.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
+            }
+            let cm = agent(core)?;
+            match cm.disconnect(now, comm, &[]) {
+                Ok(()) | Err(CmError::State(_)) | Err(CmError::UnknownId) => Ok(()),
+                Err(e) => Err(cm_err(e)),
+            }
+        })
+    }
+
+    /// Forgets a connection's ID: an established connection is disconnected (the agent
+    /// finishes the DREQ on its own), any other is dropped; no more events for it.
+    pub(crate) fn cm_destroy(&self, comm: CommId) {
+        let _ = self.with_cm(|core, now| {
+            core.cm_routes.remove(&comm);
+            let cm = agent(core)?;
+            match cm.state(comm) {
+                Some(softrdma_proto::cm::CmState::Established) => {
+                    let _ = cm.disconnect(now, comm, &[]);
+                }
+                Some(softrdma_proto::cm::CmState::DreqSent | softrdma_proto::cm::CmState::Timewait) => {}
+                _ => cm.destroy(comm),
+            }
+            Ok(())
+        });
+    }
+
+    /// Sends a connection's further events to `sink` (a listener handing a new
+    /// connection to its own ID).
+    pub(crate) fn cm_set_sink(&self, comm: CommId, sink: Weak<dyn CmSink>) {
+        if let Some(r) = self.lock().cm_routes.get_mut(&comm) {
+            r.sink = sink;
+        }
+    }
+
+    /// Whether `peer`'s CM messages needed the ID-agnostic ICRC check.
+    pub(crate) fn peer_is_foreign(&self, peer: std::net::IpAddr) -> bool {
+        self.lock().endpoint.peer_is_foreign(peer)
+    }
+
+    /// Takes the agent's events: readies active QPs and sends their RTU, fails the QPs of
+    /// connections that ended, and queues each event for its ID.
+    fn cm_pump(&self, core: &mut Core, now: Duration) {
+        use softrdma_proto::cm::RejReason;
+        let before = core.cm_out.len();
+        while let Some(ev) = core.endpoint.cm_mut().and_then(CmAgent::poll_event) {
+            let comm = cm_event_id(&ev);
+            let peer = core.endpoint.cm().and_then(|c| c.peer(comm));
+            let foreign = peer.is_some_and(|p| core.endpoint.peer_is_foreign(p));
+            match &ev {
+                CmEvent::ConnectRequest { req, .. } => {
+                    let Some(sink) = core.cm_listeners.get(&req.service_id).cloned() else {
+                        let _ = agent(core).map(|c| c.reject(comm, RejReason::InvalidServiceId as u16, &[]));
+                        continue;
+                    };
+                    core.cm_routes.insert(comm, CmRoute { sink, qp: None, qpn: None });
+                }
+                CmEvent::SidrRequest { req, .. } => {
+                    let Some(sink) = core.cm_listeners.get(&req.service_id).cloned() else {
+                        let _ = agent(core).map(|c| c.sidr_reply(comm, 1, 0, 0, &[]));
+                        continue;
+                    };
+                    core.cm_routes.insert(comm, CmRoute { sink, qp: None, qpn: None });
+                }
+                CmEvent::ConnectResponse { rep, .. } => {
+                    let active = core.cm_routes.get(&comm).and_then(|r| r.qp);
+                    if let (Some(a), Some(peer)) = (active, peer) {
+                        let attrs =
+                            crate::cm::active_attrs(&a.req, rep, SocketAddr::new(peer, self.local.port()));
+                        let ready = match core.endpoint.qp_mut(a.qpn) {
+                            Some(q) => {
+                                q.set_foreign_peer(foreign);
+                                attrs.iter().try_for_each(|at| q.modify(at)).is_ok()
+                            }
+                            None => false,
+                        };
+                        let cm = core.endpoint.cm_mut();
+                        if ready {
+                            let _ = cm.map(|c| c.rtu(comm, &[]));
+                        } else {
+                            let _ = cm.map(|c| c.reject(comm, RejReason::NoQp as u16, &[]));
+                            let sink = core.cm_routes.remove(&comm).map(|r| r.sink);
+                            if let Some(sink) = sink {
+                                core.cm_out.push((sink, CmEvent::Unreachable { id: comm }, foreign));
+                            }
+                            continue;
+                        }
+                    }
+                }
+                CmEvent::Rejected { .. } | CmEvent::Unreachable { .. } | CmEvent::Disconnected { .. } => {
+                    let qpn = core.cm_routes.get(&comm).and_then(|r| r.qpn);
+                    if let Some(q) = qpn.and_then(|q| core.endpoint.qp_mut(q)) {
+                        let _ = q.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
+                    }
+                }
+                _ => {}
+            }
+            let ends = matches!(
+                ev,
+                CmEvent::Rejected { .. }
+                    | CmEvent::Unreachable { .. }
+                    | CmEvent::TimewaitExit { .. }
+                    | CmEvent::SidrResponse { .. }
+            );
+            let route = if ends { core.cm_routes.remove(&comm) } else { None };
+            let sink = route.map(|r| r.sink).or_else(|| core.cm_routes.get(&comm).map(|r| r.sink.clone()));
+            if let Some(sink) = sink {
+                core.cm_out.push((sink, ev, foreign));
+            }
+        }
+        let _ = now;
+        if core.cm_out.len() > before {
+            self.cm_waiting.store(true, Ordering::Release);
+            self.wake.signal();
+        }
+    }
+
+    /// Hands the queued CM events to their IDs, in order, without the engine lock.
+    pub(crate) fn deliver_cm(&self) {
+        if !self.cm_waiting.load(Ordering::Acquire) {
+            return;
+        }
+        // One thread delivers at a time, so that an ID sees its events in order; a thread
+        // that finds another delivering leaves the work to it.
+        let Ok(_turn) = self.cm_turn.try_lock() else { return };
+        loop {
+            let out = {
+                let mut core = self.lock();
+                self.cm_waiting.store(false, Ordering::Release);
+                std::mem::take(&mut core.cm_out)
+            };
+            if out.is_empty() {
+                return;
+            }
+            for (sink, ev, foreign) in out {
+                if let Some(s) = sink.upgrade() {
+                    s.cm_event(ev, foreign);
+                }
+            }
+        }
+    }
+
     // ---- Progress ----------------------------------------------------------------------
 
     /// Runs one pass if the engine is free; returns whether it ran. Called by threads
@@ -486,6 +825,9 @@ impl Engine {
     fn flush(&self, core: &mut Core) {
         let now = self.now();
         let local = self.local;
+        if core.endpoint.cm().is_some() {
+            self.cm_pump(core, now);
+        }
         loop {
             let Core { endpoint, mem, slots, out: msgs, link, .. } = &mut *core;
             let gso = link.gso();
@@ -646,6 +988,7 @@ impl Engine {
                     (a, b) => a.or(b),
                 }
             };
+            self.deliver_cm();
             let now = ns(self.now());
             if self.app_polls.swap(0, Ordering::Relaxed) >= BUSY_POLLS {
                 let nap = Duration::from_millis(1).min(timeout.unwrap_or(Duration::MAX));

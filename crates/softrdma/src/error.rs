@@ -44,6 +44,12 @@ pub enum Error {
     /// The object belongs to another device or protection domain.
     #[error("object belongs to another device or protection domain")]
     Mismatch,
+    /// The connection manager refused the call.
+    #[error(transparent)]
+    Cm(#[from] softrdma_proto::cm::CmError),
+    /// A connection-manager call in the wrong state of its ID.
+    #[error("not allowed now: {0}")]
+    CmState(&'static str),
     /// A system call failed.
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -60,6 +66,9 @@ impl Error {
             Error::Limit(_) => libc::ENOMEM,
             Error::Post(PostError::QueueFull) => libc::ENOMEM,
             Error::Post(_) => libc::EINVAL,
+            Error::Cm(softrdma_proto::cm::CmError::InUse) => libc::EADDRINUSE,
+            Error::Cm(softrdma_proto::cm::CmError::PrivateDataTooLong { .. }) => libc::EINVAL,
+            Error::Cm(_) | Error::CmState(_) => libc::EINVAL,
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }
     }

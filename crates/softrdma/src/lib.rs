@@ -30,6 +30,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod ah;
+pub mod cm;
 mod context;
 mod cq;
 mod device;

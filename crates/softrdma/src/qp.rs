@@ -71,6 +71,10 @@ impl QpBuilder {
         self.access = access;
         self
     }
+    /// The transport service.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
     /// Signal every send WR.
     #[must_use]
     pub fn sq_sig_all(mut self, on: bool) -> QpBuilder {
@@ -375,6 +379,11 @@ impl QueuePair {
     /// The transport service.
     pub fn qp_type(&self) -> QpType {
         self.qp_type
+    }
+
+    /// Whether receive WQEs come from a shared receive queue.
+    pub fn has_srq(&self) -> bool {
+        self.init.srq
     }
 
     /// The protection domain.

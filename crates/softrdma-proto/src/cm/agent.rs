@@ -284,6 +284,11 @@ impl CmAgent {
         self.conns.get(&id).map(|c| c.state)
     }
 
+    /// The peer's address of a connection.
+    pub fn peer(&self, id: CommId) -> Option<IpAddr> {
+        self.conns.get(&id).map(|c| c.peer)
+    }
+
     /// The peer's communication ID of a connection.
     pub fn remote_id(&self, id: CommId) -> Option<u32> {
         self.conns.get(&id).map(|c| c.remote_id)
