@@ -5,10 +5,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use softrdma::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
+use softrdma::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace, UDP_QKEY};
 use softrdma::{
     Access, CompletionQueue, MemoryRegion, QpBuilder, QpState, QueuePair, RecvWr, SendFlags, SendOp, SendWr,
-    WcOpcode, WcStatus,
+    UdDest, WcOpcode, WcStatus,
 };
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -151,4 +151,204 @@ fn connect_send_both_ways_write_read_and_disconnect() {
     assert_eq!(cside.qp.state(), QpState::Error, "rdma_disconnect moves the QP to ERR");
     assert_eq!(sside.qp.state(), QpState::Error, "a DREQ moves the peer's QP to ERR");
     server.disconnect().unwrap();
+}
+
+#[test]
+fn a_rejected_request_reports_the_reason_and_the_private_data() {
+    let (c, s) = (ip([127, 0, 6, 4]), ip([127, 0, 6, 5]));
+    let sch = EventChannel::new().unwrap();
+    let listener = CmId::new(&sch, PortSpace::Tcp);
+    listener.bind_addr(SocketAddr::new(s, 7472)).unwrap();
+    listener.listen(8).unwrap();
+    let cch = EventChannel::new().unwrap();
+    let client = CmId::new(&cch, PortSpace::Tcp);
+    client.resolve_addr(Some(c), SocketAddr::new(s, 7472), WAIT).unwrap();
+    event(&cch, CmEventKind::AddrResolved);
+    client.resolve_route(WAIT).unwrap();
+    event(&cch, CmEventKind::RouteResolved);
+    let side = setup_qp(&client, QpBuilder::rc());
+    client.connect(&ConnParam::default()).unwrap();
+    let req = event(&sch, CmEventKind::ConnectRequest);
+    req.id.reject(b"go away").unwrap();
+    let rej = event(&cch, CmEventKind::Rejected);
+    assert_eq!(rej.status, 28, "consumer-defined reject");
+    assert_eq!(&rej.param.private_data[..7], b"go away");
+    assert_eq!(side.qp.state(), QpState::Error);
+    assert!(req.id.accept(&ConnParam::default()).is_err(), "a rejected request cannot be accepted");
+
+    // A port nobody listens on: REJ "invalid service ID" (8).
+    let other = CmId::new(&cch, PortSpace::Tcp);
+    other.resolve_addr(Some(c), SocketAddr::new(s, 7473), WAIT).unwrap();
+    event(&cch, CmEventKind::AddrResolved);
+    other.resolve_route(WAIT).unwrap();
+    event(&cch, CmEventKind::RouteResolved);
+    other.connect(&ConnParam::default()).unwrap();
+    assert_eq!(event(&cch, CmEventKind::Rejected).status, 8);
+}
+
+#[test]
+fn calls_out_of_order_and_taken_ports_are_clear_errors() {
+    let ch = EventChannel::new().unwrap();
+    let id = CmId::new(&ch, PortSpace::Tcp);
+    assert!(id.connect(&ConnParam::default()).is_err(), "connect before resolving");
+    assert!(id.resolve_route(WAIT).is_err(), "route before address");
+    assert!(id.accept(&ConnParam::default()).is_err());
+    assert!(id.disconnect().is_err());
+    let a = SocketAddr::new(ip([127, 0, 6, 6]), 7474);
+    id.bind_addr(a).unwrap();
+    let again = CmId::new(&ch, PortSpace::Tcp);
+    let err = again.bind_addr(a).unwrap_err();
+    assert_eq!(err.errno(), libc_eaddrinuse(), "{err}");
+    // The same port in another port space is free.
+    CmId::new(&ch, PortSpace::Udp).bind_addr(a).unwrap();
+    // Private data beyond the REQ's 56 bytes.
+    let c = CmId::new(&ch, PortSpace::Tcp);
+    c.resolve_addr(Some(ip([127, 0, 6, 7])), a, WAIT).unwrap();
+    event(&ch, CmEventKind::AddrResolved);
+    c.resolve_route(WAIT).unwrap();
+    event(&ch, CmEventKind::RouteResolved);
+    let long = ConnParam { private_data: vec![1; 57], ..Default::default() };
+    assert!(c.connect(&long).is_err());
+    // The port is free again once its ID is gone.
+    drop(id);
+    CmId::new(&ch, PortSpace::Tcp).bind_addr(a).unwrap();
+}
+
+fn libc_eaddrinuse() -> i32 {
+    98
+}
+
+#[test]
+fn many_concurrent_connections_to_one_listener_and_an_id_dropped_while_connected() {
+    let (c, s) = (ip([127, 0, 6, 8]), ip([127, 0, 6, 9]));
+    let sch = EventChannel::new().unwrap();
+    let listener = CmId::new(&sch, PortSpace::Tcp);
+    listener.bind_addr(SocketAddr::new(s, 7475)).unwrap();
+    listener.listen(64).unwrap();
+    let cch = EventChannel::new().unwrap();
+    const N: usize = 40;
+    let mut clients = Vec::new();
+    for _ in 0..N {
+        let id = CmId::new(&cch, PortSpace::Tcp);
+        id.resolve_addr(Some(c), SocketAddr::new(s, 7475), WAIT).unwrap();
+        clients.push(id);
+    }
+    let mut sides = Vec::new();
+    let mut servers = Vec::new();
+    let (mut resolved, mut routed, mut established, mut requests) = (0, 0, 0, 0);
+    while established < 2 * N {
+        let mut progressed = false;
+        if let Some(ev) = cch.get_event_timeout(Duration::from_millis(5)) {
+            progressed = true;
+            match ev.kind {
+                CmEventKind::AddrResolved => {
+                    resolved += 1;
+                    ev.id.resolve_route(WAIT).unwrap();
+                }
+                CmEventKind::RouteResolved => {
+                    routed += 1;
+                    let side = setup_qp(&ev.id, QpBuilder::rc());
+                    let n = sides.len() as u8;
+                    ev.id.connect(&ConnParam { private_data: vec![n], ..Default::default() }).unwrap();
+                    sides.push(side);
+                }
+                CmEventKind::Established => established += 1,
+                k => panic!("client event {k}"),
+            }
+        }
+        if let Some(ev) = sch.get_event_timeout(Duration::from_millis(5)) {
+            progressed = true;
+            match ev.kind {
+                CmEventKind::ConnectRequest => {
+                    requests += 1;
+                    let side = setup_qp(&ev.id, QpBuilder::rc());
+                    ev.id.accept(&ev.param).unwrap();
+                    servers.push((ev.id.clone(), side, ev.param.private_data[0]));
+                }
+                CmEventKind::Established => established += 1,
+                k => panic!("server event {k}"),
+            }
+        }
+        assert!(progressed || established >= 2 * N, "stalled at {established} established");
+    }
+    assert_eq!((resolved, routed, requests), (N, N, N));
+    let mut tags: Vec<u8> = servers.iter().map(|s| s.2).collect();
+    tags.sort_unstable();
+    assert_eq!(tags, (0..N as u8).collect::<Vec<_>>(), "each request reached its own ID once");
+
+    // Every connection carries its own traffic.
+    for (i, (_, side, tag)) in servers.iter().enumerate() {
+        side.qp.post_recv(RecvWr { wr_id: i as u64, sg_list: vec![side.mr.sge(0, 1).unwrap()] }).unwrap();
+        let _ = tag;
+    }
+    for (i, side) in sides.iter().enumerate() {
+        side.mr.write(0, &[i as u8]).unwrap();
+        side.qp
+            .post_send(SendWr {
+                wr_id: 0,
+                op: SendOp::Send,
+                sg_list: vec![side.mr.sge(0, 1).unwrap()],
+                flags: SendFlags::default(),
+                ud: None,
+            })
+            .unwrap();
+    }
+    for (_, side, tag) in &servers {
+        let wc = wait_wc(&side.cq);
+        assert_eq!(wc.status, WcStatus::Success);
+        let mut b = [0u8];
+        side.mr.read(0, &mut b).unwrap();
+        assert_eq!(b[0], *tag, "the message came over its own connection");
+    }
+
+    // Dropping a connected client ID disconnects it: its server sees DISCONNECTED.
+    drop(clients);
+    let mut disconnected = 0;
+    while disconnected < N {
+        let ev = sch.get_event_timeout(WAIT).expect("DISCONNECTED for every dropped client");
+        assert_eq!(ev.kind, CmEventKind::Disconnected);
+        disconnected += 1;
+    }
+}
+
+#[test]
+fn ud_ids_resolve_the_peer_qp_with_sidr_and_exchange_datagrams() {
+    let (c, s) = (ip([127, 0, 6, 10]), ip([127, 0, 6, 11]));
+    let sch = EventChannel::new().unwrap();
+    let listener = CmId::new(&sch, PortSpace::Udp);
+    listener.bind_addr(SocketAddr::new(s, 7476)).unwrap();
+    listener.listen(8).unwrap();
+    let cch = EventChannel::new().unwrap();
+    let client = CmId::new(&cch, PortSpace::Udp);
+    client.resolve_addr(Some(c), SocketAddr::new(s, 7476), WAIT).unwrap();
+    event(&cch, CmEventKind::AddrResolved);
+    client.resolve_route(WAIT).unwrap();
+    event(&cch, CmEventKind::RouteResolved);
+    let cside = setup_qp(&client, QpBuilder::ud(UDP_QKEY));
+    assert_eq!(cside.qp.state(), QpState::Rts, "rdma_cm readies UD QPs at once");
+    client.connect(&ConnParam { private_data: b"sidr".to_vec(), ..Default::default() }).unwrap();
+    let req = event(&sch, CmEventKind::ConnectRequest);
+    assert_eq!(&req.param.private_data[..4], b"sidr");
+    let sside = setup_qp(&req.id, QpBuilder::ud(UDP_QKEY));
+    sside.qp.post_recv(RecvWr { wr_id: 5, sg_list: vec![sside.mr.sge(0, 4096).unwrap()] }).unwrap();
+    req.id.accept(&ConnParam::default()).unwrap();
+    let est = event(&cch, CmEventKind::Established);
+    let ud = est.ud.expect("ESTABLISHED carries the peer's QP");
+    assert_eq!((ud.qpn, ud.qkey), (sside.qp.qpn(), UDP_QKEY));
+    assert_eq!(ud.addr.ip(), s);
+
+    cside.mr.write(0, b"datagram").unwrap();
+    cside
+        .qp
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: vec![cside.mr.sge(0, 8).unwrap()],
+            flags: SendFlags { signaled: true, ..Default::default() },
+            ud: Some(UdDest { addr: ud.addr, qpn: ud.qpn, qkey: ud.qkey, traffic_class: 0 }),
+        })
+        .unwrap();
+    assert_eq!(wait_wc(&cside.cq).status, WcStatus::Success);
+    let wc = wait_wc(&sside.cq);
+    assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 8 + 40));
 }
