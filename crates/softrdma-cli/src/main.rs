@@ -11,6 +11,7 @@ mod memserver;
 mod perf;
 mod pingpong;
 mod relay;
+mod rping;
 mod sim;
 mod soak;
 mod status;
@@ -67,6 +68,12 @@ enum Command {
     /// Starts the relay and both endpoints itself. The last line is
     /// `ops=N data-errors=0 status-errors=0 ...`; any error exits 1.
     Soak(soak::SoakArgs),
+    /// rdma_cm's ping test, like rping: `-s` serves, `-c -a ADDR` connects.
+    ///
+    /// Per iteration the server RDMA READs the client's ping buffer and RDMA WRITEs it back
+    /// into a second one; `-v` prints each ping, `-V` checks it. Runs against the real
+    /// rping in either role.
+    Rping(rping::RpingArgs),
     /// List the RDMA devices (like ibv_devices).
     Devices(status::DevicesArgs),
     /// Show devices, ports and limits (like ibv_devinfo).
@@ -99,6 +106,7 @@ fn main() {
         Command::Memserver(args) => memserver::run(&args),
         Command::Perf(args) => perf::run(&args),
         Command::Relay(args) => relay::run(&args),
+        Command::Rping(args) => rping::run(&args),
         Command::Soak(args) => soak::run(&args),
         Command::Devices(args) => status::devices(&args),
         Command::Devinfo(args) => status::devinfo(&args),

@@ -1,0 +1,106 @@
+//! `softrdma rping` between two processes over the connection manager: clean, through a
+//! lossy relay, and against a port nobody listens on.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+
+/// A RoCE port of this test run's own, so that parallel runs do not meet: both sides of a
+/// CM exchange use the same port, as RoCE's 4791.
+fn roce_port(k: u16) -> String {
+    (30_000 + (std::process::id() % 3_000) as u16 * 8 + k).to_string()
+}
+
+fn rping(port: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("SOFTRDMA_PORT", port).arg("rping").args(args);
+    c
+}
+
+fn spawn(mut c: Command) -> Child {
+    c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn pings(o: &Output, prefix: &str) -> Vec<String> {
+    String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with(prefix)).map(str::to_owned).collect()
+}
+
+#[test]
+fn a_hundred_pings_between_two_processes() {
+    let port = roce_port(0);
+    let server = spawn(rping(&port, &["-s", "-a", "127.0.9.2", "-C", "100", "-v", "-p", "7201"]));
+    std::thread::sleep(Duration::from_millis(300));
+    let client =
+        rping(&port, &["-c", "-a", "127.0.9.2", "-I", "127.0.9.3", "-C", "100", "-v", "-V", "-p", "7201"])
+            .output()
+            .unwrap();
+    let server = server.wait_with_output().unwrap();
+    assert!(client.status.success(), "client: {}", text(&client));
+    assert!(server.status.success(), "server: {}", text(&server));
+    let c = pings(&client, "ping data: rdma-ping-");
+    let s = pings(&server, "server ping data: rdma-ping-");
+    assert_eq!((c.len(), s.len()), (100, 100), "client:\n{}\nserver:\n{}", text(&client), text(&server));
+    // rping's text: the iteration, then letters rotating from 'A'.
+    assert!(c[0].starts_with("ping data: rdma-ping-0: ABCDEFGHIJ"), "{}", c[0]);
+    assert!(c[99].starts_with("ping data: rdma-ping-99: jklmnop"), "{}", c[99]);
+    assert_eq!(c[0].len(), "ping data: ".len() + 63, "64-byte buffer, NUL-terminated");
+    for (a, b) in c.iter().zip(&s) {
+        assert_eq!(a.strip_prefix("ping data: "), b.strip_prefix("server ping data: "));
+    }
+}
+
+#[test]
+fn pings_through_a_relay_that_loses_duplicates_and_reorders() {
+    let port = roce_port(1);
+    let at = |ip: &str| format!("{ip}:{port}");
+    let relay = Command::new(BIN)
+        .args(["relay", "--a-side", &at("127.0.9.4"), "--b-side", &at("127.0.9.5")])
+        .args(["--peer-a", &at("127.0.9.6"), "--peer-b", &at("127.0.9.7")])
+        .args(["--loss", "5", "--dup", "2", "--reorder", "5", "--seed", "4", "--duration", "120"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let server = spawn(rping(&port, &["-s", "-a", "127.0.9.7", "-C", "100", "-v", "-p", "7202"]));
+    std::thread::sleep(Duration::from_millis(300));
+    // The client's peer is the relay's side facing it; the CM messages cross the relay too.
+    let client =
+        rping(&port, &["-c", "-a", "127.0.9.4", "-I", "127.0.9.6", "-C", "100", "-v", "-V", "-p", "7202"])
+            .output()
+            .unwrap();
+    let server = server.wait_with_output().unwrap();
+    // SAFETY: signals our own child, which prints its counters on SIGTERM.
+    unsafe { libc::kill(relay.id() as i32, libc::SIGTERM) };
+    let counters = String::from_utf8(relay.wait_with_output().unwrap().stdout).unwrap();
+    assert!(client.status.success(), "client: {}\nrelay: {counters}", text(&client));
+    assert!(server.status.success(), "server: {}", text(&server));
+    assert_eq!(pings(&client, "ping data: rdma-ping-").len(), 100);
+    assert_eq!(pings(&server, "server ping data: rdma-ping-").len(), 100);
+    let lost: u64 = counters
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("lost="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("relay counters: {counters}"));
+    assert!(lost > 0, "the relay lost nothing, so the test proves nothing: {counters}");
+}
+
+#[test]
+fn a_client_refused_by_the_cm_fails_with_the_reason() {
+    let port = roce_port(2);
+    // A server listens on another rdma_cm port: the REQ gets REJ "invalid service ID".
+    let server = spawn(rping(&port, &["-s", "-a", "127.0.9.8", "-C", "1", "-p", "7203"]));
+    std::thread::sleep(Duration::from_millis(300));
+    let client = rping(&port, &["-c", "-a", "127.0.9.8", "-I", "127.0.9.9", "-C", "1", "-p", "7204"])
+        .output()
+        .unwrap();
+    let mut server = server;
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(client.status.code(), Some(1), "{}", text(&client));
+    assert!(text(&client).contains("RDMA_CM_EVENT_REJECTED (status 8)"), "{}", text(&client));
+}
