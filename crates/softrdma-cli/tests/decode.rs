@@ -279,3 +279,37 @@ fn drop_in_library_captures_with_rxe_are_all_valid_both_ways() {
         );
     }
 }
+
+#[test]
+fn connection_manager_captures_with_rxe_name_every_cm_message_in_order() {
+    // `softrdma rping` against rdmacm-utils' rping on Linux rxe, each side as server
+    // (testdata/interop-cm/README.md).
+    let files = pcaps("testdata/interop-cm");
+    assert_eq!(files.len(), 2);
+    for f in &files {
+        let o = decode(&[f.as_path()], false);
+        assert_eq!(o.status.code(), Some(0), "{}", f.display());
+        let out = stdout(&o);
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let (packets, ok, ..) = {
+            let s = summary(&o).0;
+            let n: Vec<u64> = s.split(|c: char| !c.is_ascii_digit()).filter_map(|t| t.parse().ok()).collect();
+            (n[0], n[1], s)
+        };
+        assert_eq!(packets, ok, "{name}: every ICRC ok");
+        // The handshake and the teardown, each message once, from the side that sends it.
+        let us = "192.168.77.1:4791 > 192.168.77.11:4791";
+        let cm: Vec<(bool, &str)> = out
+            .lines()
+            .filter_map(|l| Some((l.contains(us), l.split("cm=").nth(1)?.split_whitespace().next()?)))
+            .collect();
+        let softrdma_active = name.starts_with("rping_vm_srv");
+        let a = softrdma_active;
+        let want = [(a, "REQ"), (!a, "REP"), (a, "RTU"), (a, "DREQ"), (!a, "DREP")];
+        assert_eq!(cm, want, "{name}: CM messages (true: sent by softrdma)");
+        // rping's data: SENDs of advertisements, the server's READ and WRITE.
+        for op in ["RC SEND_ONLY", "RC RDMA_READ_REQUEST", "RC RDMA_WRITE_ONLY"] {
+            assert!(out.contains(op), "{name}: {op}");
+        }
+    }
+}

@@ -527,7 +527,10 @@ mod gsi {
         assert!(events(&mut eps[1]).iter().any(established));
 
         eps[0].cm_mut().unwrap().disconnect(t0, id, b"").unwrap();
-        pump(&mut eps, &mut mem, t0);
+        let moved = pump(&mut eps, &mut mem, t0);
+        // The DREQ names the peer's QP, from its REP: Linux drops a DREQ naming another.
+        let dreq = CmMad::parse(&moved[0].1[20..20 + 256]).unwrap();
+        assert!(matches!(dreq.msg, CmMsg::Dreq(ref d) if d.remote_qpn == 0x22), "{dreq:?}");
         assert!(events(&mut eps[1]).iter().any(disconnected));
         assert!(events(&mut eps[0]).iter().any(disconnected));
         // TIMEWAIT ends through the endpoint's timer.

@@ -297,7 +297,7 @@ struct IdState {
     /// The service IDs listened on.
     listening: Option<u64>,
     qp: Option<Arc<QueuePair>>,
-    /// The send PSN this side offers.
+    /// The PSN this side's receive queue expects first: its CM message's starting PSN.
     psn: Psn,
     /// Passive: the request.
     req: Option<Box<Req>>,
@@ -891,8 +891,8 @@ fn access(responder_resources: u8) -> Access {
 fn rtr_rts(
     peer: SocketAddr,
     dest_qpn: u32,
-    rq_psn: u32,
-    sq_psn: Psn,
+    rq_psn: Psn,
+    sq_psn: u32,
     mtu: Mtu,
     max_dest_rd_atomic: u8,
     max_rd_atomic: u8,
@@ -906,14 +906,14 @@ fn rtr_rts(
         path_mtu: Some(mtu),
         remote: Some(crate::sys::canonical(peer)),
         dest_qpn: Some(Qpn::new(dest_qpn & softrdma_proto::MASK_24)),
-        rq_psn: Some(Psn::new(rq_psn)),
+        rq_psn: Some(rq_psn),
         max_dest_rd_atomic: Some(max_dest_rd_atomic),
         min_rnr_timer: Some(12),
         ..Default::default()
     };
     let rts = QpAttr {
         state: Some(QpState::Rts),
-        sq_psn: Some(sq_psn),
+        sq_psn: Some(Psn::new(sq_psn)),
         timeout: Some(timeout.min(31)),
         retry_cnt: Some(retry_cnt.min(7)),
         rnr_retry: Some(rnr_retry.min(7)),
@@ -923,6 +923,9 @@ fn rtr_rts(
     [rtr, rts]
 }
 
+/// A CM message's starting PSN is the PSN its sender's receive queue expects first (as
+/// Linux's CM reads it): each side sends from the other's and receives from its own.
+///
 /// The active side's RTR and RTS when the REP comes: the peer's QP and PSN; READs it may
 /// send us are what it initiates, READs we may send are its responder resources; RNR
 /// retries are the REP's.
@@ -930,8 +933,8 @@ pub(crate) fn active_attrs(ours: &Offer, rep: &Rep, peer: SocketAddr) -> [QpAttr
     rtr_rts(
         peer,
         rep.local_qpn,
-        rep.starting_psn,
         ours.psn,
+        rep.starting_psn,
         ours.mtu,
         rep.initiator_depth.min(ours.responder_resources.max(1)).min(crate::MAX_QP_RD_ATOM),
         rep.responder_resources.min(crate::MAX_QP_RD_ATOM),
@@ -947,8 +950,8 @@ fn passive_attrs(ours: &Offer, req: &Req, peer: SocketAddr) -> [QpAttr; 2] {
     rtr_rts(
         peer,
         req.local_qpn,
-        req.starting_psn,
         ours.psn,
+        req.starting_psn,
         ours.mtu,
         ours.responder_resources,
         ours.initiator_depth.min(req.responder_resources),
@@ -1179,5 +1182,87 @@ impl Drop for IdInner {
         if let Some(key) = st.reserved.take() {
             lock(ports()).remove(&key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(psn: u32) -> Offer {
+        Offer {
+            psn: Psn::new(psn),
+            mtu: Mtu::Mtu1024,
+            responder_resources: 2,
+            initiator_depth: 3,
+            retry_count: 6,
+            rnr_retry_count: 5,
+            ack_timeout: 14,
+        }
+    }
+
+    /// Linux rxe expects an active side to send from the REP's starting PSN (found in
+    /// the lab: a REQ's PSN used as the send PSN draws PSN sequence NAKs).
+    #[test]
+    fn each_side_sends_from_the_peers_starting_psn_and_receives_from_its_own() {
+        let peer = SocketAddr::from(([10, 0, 0, 2], 4791));
+        let rep = Rep {
+            local_comm_id: 1,
+            remote_comm_id: 2,
+            local_qkey: 0,
+            local_qpn: 0x22,
+            local_eecn: 0,
+            starting_psn: 0xBBBB,
+            ece_vendor_id: 0,
+            responder_resources: 4,
+            initiator_depth: 1,
+            target_ack_delay: 0,
+            failover_accepted: 0,
+            e2e_flow_control: false,
+            rnr_retry_count: 3,
+            srq: false,
+            local_ca_guid: 0,
+            private_data: Vec::new(),
+        };
+        let [rtr, rts] = active_attrs(&offer(0xAAAA), &rep, peer);
+        assert_eq!((rtr.rq_psn, rts.sq_psn), (Some(Psn::new(0xAAAA)), Some(Psn::new(0xBBBB))));
+        assert_eq!((rtr.dest_qpn, rts.rnr_retry, rts.retry_cnt), (Some(Qpn::new(0x22)), Some(3), Some(6)));
+        assert_eq!((rtr.max_dest_rd_atomic, rts.max_rd_atomic), (Some(1), Some(4)));
+
+        let mut req = Req {
+            local_comm_id: 1,
+            ece_vendor_id: 0,
+            service_id: 0,
+            local_ca_guid: 0,
+            local_qkey: 0,
+            local_qpn: 0x33,
+            responder_resources: 2,
+            initiator_depth: 2,
+            remote_cm_response_timeout: 0,
+            transport_type: 0,
+            e2e_flow_control: false,
+            starting_psn: 0xCCCC,
+            local_cm_response_timeout: 0,
+            retry_count: 4,
+            pkey: 0xFFFF,
+            path_mtu: 3,
+            rdc_exists: false,
+            rnr_retry_count: 2,
+            max_cm_retries: 0,
+            srq: false,
+            extended_transport_type: 0,
+            primary_path: CmPath::default(),
+            alternate_path: None,
+            private_data: Vec::new(),
+        };
+        req.primary_path.local_ack_timeout = 15;
+        let [rtr, rts] = passive_attrs(&offer(0xDDDD), &req, peer);
+        assert_eq!((rtr.rq_psn, rts.sq_psn), (Some(Psn::new(0xDDDD)), Some(Psn::new(0xCCCC))));
+        assert_eq!((rts.retry_cnt, rts.rnr_retry, rts.timeout), (Some(4), Some(2), Some(14)));
+        assert_eq!((rtr.max_dest_rd_atomic, rts.max_rd_atomic), (Some(2), Some(2)));
+        assert_eq!(
+            rtr.access_flags,
+            Some(Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC)
+        );
     }
 }

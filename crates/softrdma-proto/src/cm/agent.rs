@@ -227,6 +227,10 @@ struct Conn {
     pending: bool,
     /// When the REQ came (passive).
     since: Duration,
+    /// Our QP and the peer's, from the REQ and the REP: a DREQ names the receiver's QP,
+    /// and Linux drops one that names another.
+    local_qpn: u32,
+    remote_qpn: u32,
 }
 
 /// The CM of one device. See the module documentation.
@@ -351,6 +355,9 @@ impl CmAgent {
         let timeout = cm_timeout(req.remote_cm_response_timeout);
         let service_id = req.service_id;
         self.insert(id, CmState::ReqSent, peer, 0, tid, service_id, false);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.local_qpn = req.local_qpn;
+        }
         self.send_expecting(now, id, CmMsg::Req(req), timeout);
         Ok(id)
     }
@@ -366,6 +373,9 @@ impl CmAgent {
         rep.local_comm_id = id;
         rep.remote_comm_id = c.remote_id;
         rep.local_ca_guid = self.cfg.ca_guid;
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.local_qpn = rep.local_qpn;
+        }
         self.set_state(id, CmState::RepSent);
         let timeout = cm_timeout(self.cfg.response_timeout);
         self.send_expecting(now, id, CmMsg::Rep(rep), timeout);
@@ -428,7 +438,7 @@ impl CmAgent {
         if !matches!(c.state, CmState::Established | CmState::RepSent | CmState::RepRcvd) {
             return Err(CmError::State(c.state));
         }
-        let remote_qpn = 0; // the peer's QPN is the consumer's; Linux ignores the field
+        let remote_qpn = c.remote_qpn;
         let dreq = Dreq {
             ids: Ids { local_comm_id: id, remote_comm_id: c.remote_id },
             remote_qpn,
@@ -595,6 +605,7 @@ impl CmAgent {
         self.insert(id, CmState::ReqRcvd, peer, remote, tid, req.service_id, true);
         if let Some(c) = self.conns.get_mut(&id) {
             c.since = now;
+            c.remote_qpn = req.local_qpn;
         }
         self.events.push_back(CmEvent::ConnectRequest { id, peer, req: Box::new(req) });
     }
@@ -648,6 +659,7 @@ impl CmAgent {
             CmState::ReqSent | CmState::MraReqRcvd => {
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.remote_id = rep.local_comm_id;
+                    c.remote_qpn = rep.local_qpn;
                     c.last = None;
                 }
                 self.set_state(id, CmState::RepRcvd);
@@ -738,7 +750,11 @@ impl CmAgent {
 
     fn on_dreq(&mut self, now: Duration, peer: IpAddr, tid: u64, dreq: Dreq) {
         let id = dreq.ids.remote_comm_id;
-        let state = self.conn_of(peer, id).filter(|c| c.remote_id == dreq.ids.local_comm_id).map(|c| c.state);
+        let state = self
+            .conn_of(peer, id)
+            .filter(|c| c.remote_id == dreq.ids.local_comm_id)
+            .filter(|c| c.local_qpn == 0 || dreq.remote_qpn == c.local_qpn)
+            .map(|c| c.state);
         let drep = |local: u32, remote: u32| {
             CmMsg::Drep(IdsAndData {
                 ids: Ids { local_comm_id: local, remote_comm_id: remote },
@@ -871,6 +887,8 @@ impl CmAgent {
                 deadline: None,
                 pending,
                 since: Duration::ZERO,
+                local_qpn: 0,
+                remote_qpn: 0,
             },
         );
     }
