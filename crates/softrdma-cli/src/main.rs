@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod capture;
+mod cmatose;
 mod decode;
 mod devnode;
 mod exchange;
@@ -74,6 +75,13 @@ enum Command {
     /// into a second one; `-v` prints each ping, `-V` checks it. Runs against the real
     /// rping in either role.
     Rping(rping::RpingArgs),
+    /// rdma_cm's multi-connection test, like ucmatose: the server without -s, the client
+    /// with `-s SERVER`.
+    ///
+    /// The client opens -c connections; the server SENDs -C messages of -S bytes on each,
+    /// the client answers with as many, and the server disconnects them all. Runs against
+    /// the real ucmatose in either role.
+    Cmatose(cmatose::CmatoseArgs),
     /// List the RDMA devices (like ibv_devices).
     Devices(status::DevicesArgs),
     /// Show devices, ports and limits (like ibv_devinfo).
@@ -107,6 +115,7 @@ fn main() {
         Command::Perf(args) => perf::run(&args),
         Command::Relay(args) => relay::run(&args),
         Command::Rping(args) => rping::run(&args),
+        Command::Cmatose(args) => cmatose::run(&args),
         Command::Soak(args) => soak::run(&args),
         Command::Devices(args) => status::devices(&args),
         Command::Devinfo(args) => status::devinfo(&args),

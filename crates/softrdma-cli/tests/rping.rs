@@ -104,3 +104,41 @@ fn a_client_refused_by_the_cm_fails_with_the_reason() {
     assert_eq!(client.status.code(), Some(1), "{}", text(&client));
     assert!(text(&client).contains("RDMA_CM_EVENT_REJECTED (status 8)"), "{}", text(&client));
 }
+
+#[test]
+fn cmatose_with_twenty_connections_between_two_processes() {
+    let port = roce_port(3);
+    let cmatose = |args: &[&str]| {
+        let mut c = Command::new(BIN);
+        c.env("SOFTRDMA_PORT", &port).arg("cmatose").args(args);
+        c
+    };
+    let server = spawn(cmatose(&["-b", "127.0.9.10", "-c", "20", "-C", "50", "-S", "1000", "-p", "7205"]));
+    std::thread::sleep(Duration::from_millis(300));
+    let client = cmatose(&[
+        "-s",
+        "127.0.9.10",
+        "-b",
+        "127.0.9.11",
+        "-c",
+        "20",
+        "-C",
+        "50",
+        "-S",
+        "1000",
+        "-p",
+        "7205",
+    ])
+    .output()
+    .unwrap();
+    let server = server.wait_with_output().unwrap();
+    let (c, s) = (text(&client), text(&server));
+    assert!(client.status.success() && server.status.success(), "client:\n{c}\nserver:\n{s}");
+    assert!(c.contains("sending replies\ndata transfers complete\ntest complete\nreturn status 0"), "{c}");
+    assert!(
+        s.contains(
+            "receiving data transfers\ndata transfers complete\ncmatose: disconnecting\ndisconnected\n"
+        ),
+        "{s}"
+    );
+}
