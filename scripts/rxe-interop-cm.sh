@@ -4,7 +4,8 @@
 # namespace) against rdmacm-utils' rping on rxe in VM B (192.168.77.11), softrdma as
 # client and as server; each run captured on the lab bridge, its first 300 frames and every CM message kept in
 # testdata/interop-cm/ (decoded by crates/softrdma-cli/tests/decode.rs).
-# ucmatose against `softrdma cmatose` likewise (10 connections, 100 messages each way).
+# ucmatose and udaddy against `softrdma cmatose` and `softrdma udaddy` likewise (10
+# connections, 100 messages each way). ONLY=1 skips rping, ONLY=udaddy runs udaddy alone.
 # Not part of CI (needs root and the lab's VMs, ~1 min to boot under TCG). Usage:
 #   sudo ../shared/rxe-lab/up.sh && sudo scripts/rxe-interop-cm.sh; sudo ../shared/rxe-lab/down.sh
 set -uo pipefail
@@ -53,7 +54,7 @@ run() {
   local hn vn
   hn=$(lines "$hlog" "$hpat") vn=$(lines "$vlog" "$vpat")
   local want=$n
-  case $name in cmatose*) want=1 ;; esac
+  case $name in cmatose* | udaddy*) want=1 ;; esac
   if [ $hrc -eq 0 ] && [ $vrc -eq 0 ] && [ "$hn" -ge "$want" ] && [ "$vn" -ge "$want" ]; then
     pass=$((pass + 1))
     results+=("$(printf '%-24s ok (%s and %s lines)' "$name" "$hn" "$vn")")
@@ -73,9 +74,14 @@ run() {
 [ -n "${ONLY:-}" ] || run rping_host_srv host "rping -s -a $host -C $n -v" "rping -c -a $host -C $n -v -V" \
   "^server ping data: rdma-ping-" "^ping data: rdma-ping-"
 # ucmatose: 10 connections, 100 messages each way on each; every side prints these once.
-run cmatose_vm_srv vm "cmatose -s $IP_B -b $host -c 10 -C 100" "ucmatose -b $IP_B -c 10 -C 100" \
+[ "${ONLY:-}" = udaddy ] || run cmatose_vm_srv vm "cmatose -s $IP_B -b $host -c 10 -C 100" "ucmatose -b $IP_B -c 10 -C 100" \
   "^return status 0" "^return status 0"
-run cmatose_host_srv host "cmatose -b $host -c 10 -C 100" "ucmatose -s $host -c 10 -C 100" \
+[ "${ONLY:-}" = udaddy ] || run cmatose_host_srv host "cmatose -b $host -c 10 -C 100" "ucmatose -s $host -c 10 -C 100" \
+  "^return status 0" "^return status 0"
+# udaddy: 10 UD endpoints resolved with SIDR, 100 messages each way on each.
+run udaddy_vm_srv vm "udaddy -s $IP_B -b $host -c 10 -C 100" "udaddy -b $IP_B -c 10 -C 100" \
+  "^return status 0" "^return status 0"
+run udaddy_host_srv host "udaddy -b $host -c 10 -C 100" "udaddy -s $host -c 10 -C 100" \
   "^return status 0" "^return status 0"
 printf '%s\n' "${results[@]}"
 echo "rxe interop (connection manager): $pass passed, $fail failed"

@@ -16,6 +16,7 @@ mod rping;
 mod sim;
 mod soak;
 mod status;
+mod udaddy;
 
 /// softrdma: RDMA (RoCEv2) in user space over UDP.
 #[derive(Debug, Parser)]
@@ -82,6 +83,12 @@ enum Command {
     /// the client answers with as many, and the server disconnects them all. Runs against
     /// the real ucmatose in either role.
     Cmatose(cmatose::CmatoseArgs),
+    /// rdma_cm's UD test, like udaddy: the server without -s, the client with `-s SERVER`.
+    ///
+    /// The client resolves the server's UD QP with SIDR for each of -c endpoints, SENDs -C
+    /// messages of -S bytes, and gets as many replies. Runs against the real udaddy in
+    /// either role.
+    Udaddy(udaddy::UdaddyArgs),
     /// List the RDMA devices (like ibv_devices).
     Devices(status::DevicesArgs),
     /// Show devices, ports and limits (like ibv_devinfo).
@@ -116,6 +123,7 @@ fn main() {
         Command::Relay(args) => relay::run(&args),
         Command::Rping(args) => rping::run(&args),
         Command::Cmatose(args) => cmatose::run(&args),
+        Command::Udaddy(args) => udaddy::run(&args),
         Command::Soak(args) => soak::run(&args),
         Command::Devices(args) => status::devices(&args),
         Command::Devinfo(args) => status::devinfo(&args),

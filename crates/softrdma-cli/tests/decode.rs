@@ -282,10 +282,10 @@ fn drop_in_library_captures_with_rxe_are_all_valid_both_ways() {
 
 #[test]
 fn connection_manager_captures_with_rxe_name_every_cm_message_in_order() {
-    // `softrdma rping` and `softrdma cmatose` against rdmacm-utils' rping and ucmatose on
-    // Linux rxe, each side as server (testdata/interop-cm/README.md).
+    // `softrdma rping`, `cmatose` and `udaddy` against rdmacm-utils' rping, ucmatose and
+    // udaddy on Linux rxe, each side as server (testdata/interop-cm/README.md).
     let files = pcaps("testdata/interop-cm");
-    assert_eq!(files.len(), 4);
+    assert_eq!(files.len(), 6);
     for f in &files {
         let o = decode(&[f.as_path()], false);
         assert_eq!(o.status.code(), Some(0), "{}: every packet well formed, every ICRC ok", f.display());
@@ -301,6 +301,20 @@ fn connection_manager_captures_with_rxe_name_every_cm_message_in_order() {
         // disconnect.
         let softrdma_client = name.ends_with("vm_srv.pcap");
         let (c, s) = (softrdma_client, !softrdma_client);
+        if name.starts_with("udaddy") {
+            // SIDR: one request and one answer per UD endpoint, then datagrams carrying
+            // the sender's QP as immediate data.
+            for (from, kind) in [(c, "SIDR_REQ"), (s, "SIDR_REP")] {
+                assert_eq!(cm.iter().filter(|&&(f, k)| f == from && k == kind).count(), 10, "{name}: {kind}");
+            }
+            assert_eq!(cm.len(), 20, "{name}: {cm:?}");
+            // rxe sends a UD QP's datagrams from a port of its own.
+            let (from, to) = if c { (us, "") } else { ("192.168.77.11:", "> 192.168.77.1:4791") };
+            let data =
+                |l: &&str| l.contains(from) && l.contains(to) && l.contains("UD SEND_ONLY_WITH_IMMEDIATE");
+            assert!(out.lines().any(|l| data(&l)), "{name}: the client's datagrams");
+            continue;
+        }
         let (conns, closer) = if name.starts_with("rping") { (1, c) } else { (10, s) };
         for (from, kind) in [(c, "REQ"), (s, "REP"), (c, "RTU"), (closer, "DREQ"), (!closer, "DREP")] {
             let n = cm.iter().filter(|&&(f, k)| f == from && k == kind).count();

@@ -142,3 +142,26 @@ fn cmatose_with_twenty_connections_between_two_processes() {
         "{s}"
     );
 }
+
+#[test]
+fn udaddy_with_five_endpoints_between_two_processes() {
+    let port = roce_port(4);
+    let udaddy = |args: &[&str]| {
+        let mut c = Command::new(BIN);
+        c.env("SOFTRDMA_PORT", &port).arg("udaddy").args(args);
+        c
+    };
+    let server = spawn(udaddy(&["-b", "127.0.9.12", "-c", "5", "-C", "20", "-p", "7206"]));
+    std::thread::sleep(Duration::from_millis(300));
+    let client = udaddy(&["-s", "127.0.9.12", "-b", "127.0.9.13", "-c", "5", "-C", "20", "-p", "7206"])
+        .output()
+        .unwrap();
+    let server = server.wait_with_output().unwrap();
+    let (c, s) = (text(&client), text(&server));
+    assert!(client.status.success() && server.status.success(), "client:\n{c}\nserver:\n{s}");
+    assert!(
+        c.contains("initiating data transfers\nreceiving data transfers\ndata transfers complete\n"),
+        "{c}"
+    );
+    assert!(s.contains("receiving data transfers\nsending replies\ndata transfers complete\n"), "{s}");
+}
