@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod capture;
 mod cmatose;
+mod connrate;
 mod decode;
 mod devnode;
 mod exchange;
@@ -89,6 +90,12 @@ enum Command {
     /// messages of -S bytes, and gets as many replies. Runs against the real udaddy in
     /// either role.
     Udaddy(udaddy::UdaddyArgs),
+    /// Connection setup rate and latency through the connection manager, beside TCP
+    /// connect() on the same addresses.
+    ///
+    /// `softrdma connrate --listen ADDR` serves; `softrdma connrate ADDR` makes -n
+    /// sequential and --concurrent simultaneous connections each way and prints the ratio.
+    Connrate(connrate::ConnrateArgs),
     /// List the RDMA devices (like ibv_devices).
     Devices(status::DevicesArgs),
     /// Show devices, ports and limits (like ibv_devinfo).
@@ -124,6 +131,7 @@ fn main() {
         Command::Rping(args) => rping::run(&args),
         Command::Cmatose(args) => cmatose::run(&args),
         Command::Udaddy(args) => udaddy::run(&args),
+        Command::Connrate(args) => connrate::run(&args),
         Command::Soak(args) => soak::run(&args),
         Command::Devices(args) => status::devices(&args),
         Command::Devinfo(args) => status::devinfo(&args),

@@ -165,3 +165,27 @@ fn udaddy_with_five_endpoints_between_two_processes() {
     );
     assert!(s.contains("receiving data transfers\nsending replies\ndata transfers complete\n"), "{s}");
 }
+
+#[test]
+fn connrate_reports_both_sides_and_the_ratio() {
+    let port = roce_port(5);
+    let connrate = |args: &[&str]| {
+        let mut c = Command::new(BIN);
+        c.env("SOFTRDMA_PORT", &port).arg("connrate").args(args);
+        c
+    };
+    let server = spawn(connrate(&["--listen", "127.0.9.14", "-p", "7208"]));
+    std::thread::sleep(Duration::from_millis(300));
+    let client =
+        connrate(&["127.0.9.14", "-b", "127.0.9.15", "-p", "7208", "-n", "30", "--concurrent", "10"])
+            .output()
+            .unwrap();
+    let server = server.wait_with_output().unwrap();
+    let (c, s) = (text(&client), text(&server));
+    assert!(client.status.success() && server.status.success(), "client:\n{c}\nserver:\n{s}");
+    assert!(c.contains("ratio rdma_cm/TCP: sequential "), "{c}");
+    assert!(
+        s.contains("server: 40 CM connections"),
+        "every connection reached ESTABLISHED on the server: {s}"
+    );
+}

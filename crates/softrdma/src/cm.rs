@@ -25,7 +25,8 @@
 //! with SIDR, and their QPs use rdma_cm's Q_Key 0x01234567.
 //!
 //! Addresses: an ID bound to an address uses the device of that address (the context a
-//! process opens there). An active ID with no source address takes the route's source
+//! process opens there, which the CM then keeps open for the life of the process, as
+//! rdma_cm keeps its devices). An active ID with no source address takes the route's source
 //! address; on loopback, if another process already uses that address, the next free
 //! address of `127.0.0.0/8` is taken. A listener on a wildcard address listens on every
 //! address of every device that this process can open.
@@ -338,6 +339,19 @@ fn ports() -> &'static Mutex<HashSet<(IpAddr, u16, u16)>> {
     PORTS.get_or_init(Default::default)
 }
 
+/// The devices the CM opened, kept open for the life of the process as rdma_cm keeps its
+/// devices: connections come and go, the device (its socket and progress thread) stays.
+fn open_cm(ip: IpAddr) -> Result<Context> {
+    static OPEN: OnceLock<Mutex<HashMap<IpAddr, Context>>> = OnceLock::new();
+    let mut table = lock(OPEN.get_or_init(Default::default));
+    if let Some(c) = table.get(&ip) {
+        return Ok(c.clone());
+    }
+    let c = Context::open(ip)?;
+    table.insert(ip, c.clone());
+    Ok(c)
+}
+
 fn random_u32() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     std::collections::hash_map::RandomState::new().build_hasher().finish() as u32
@@ -406,8 +420,7 @@ impl CmId {
         if st.phase != Phase::Idle {
             return Err(Error::CmState("the ID is already bound"));
         }
-        let ctxs =
-            if addr.ip().is_unspecified() { open_all(addr.ip())? } else { vec![Context::open(addr.ip())?] };
+        let ctxs = if addr.ip().is_unspecified() { open_all(addr.ip())? } else { vec![open_cm(addr.ip())?] };
         let port = reserve(&mut st, addr.ip(), self.inner.ps, addr.port())?;
         st.ctxs = ctxs;
         st.local = Some(SocketAddr::new(addr.ip(), port));
@@ -430,7 +443,7 @@ impl CmId {
                 }
             }
             match src {
-                Some(s) if !s.is_unspecified() => Ok((Context::open(s)?, s)),
+                Some(s) if !s.is_unspecified() => Ok((open_cm(s)?, s)),
                 _ => open_route_source(dst.ip()),
             }
         })();
@@ -802,7 +815,7 @@ fn open_route_source(dst: IpAddr) -> Result<(Context, IpAddr)> {
     let sock = UdpSocket::bind(SocketAddr::new(any, 0))?;
     sock.connect(SocketAddr::new(dst, 4791))?;
     let src = sock.local_addr()?.ip();
-    match Context::open(src) {
+    match open_cm(src) {
         Ok(ctx) => Ok((ctx, src)),
         Err(Error::AddressInUse { .. }) if src.is_loopback() && src.is_ipv4() => {
             for last in 1..=254u8 {
@@ -810,7 +823,7 @@ fn open_route_source(dst: IpAddr) -> Result<(Context, IpAddr)> {
                 if ip == src || ip == dst {
                     continue;
                 }
-                if let Ok(ctx) = Context::open(ip) {
+                if let Ok(ctx) = open_cm(ip) {
                     return Ok((ctx, ip));
                 }
             }
@@ -828,7 +841,7 @@ fn open_all(family: IpAddr) -> Result<Vec<Context>> {
             if g.addr.is_ipv4() != family.is_ipv4() {
                 continue;
             }
-            if let Ok(ctx) = Context::open(g.addr) {
+            if let Ok(ctx) = open_cm(g.addr) {
                 out.push(ctx);
             }
         }

@@ -394,7 +394,12 @@ impl Drop for ContextInner {
     fn drop(&mut self) {
         self.engine.stop();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // The last handle can go on the progress thread itself (an object dropped
+            // while it hands out events): it then stops on its own, holding the engine
+            // until it does.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }
