@@ -39,20 +39,26 @@ pub struct CmatoseArgs {
     pub port: u16,
 }
 
-type Fail = Box<dyn std::error::Error>;
+/// What the CM tools (rping, cmatose, udaddy, connrate) fail with.
+pub(crate) type Fail = Box<dyn std::error::Error>;
 
-/// How long the test waits for any one event or completion.
-const STEP: Duration = Duration::from_secs(30);
+/// How long the CM tools wait for any one event or completion.
+pub(crate) const STEP: Duration = Duration::from_secs(30);
 
 pub fn run(a: &CmatoseArgs) -> i32 {
     let r = match a.server {
         Some(s) => client(a, s),
         None => server(a),
     };
+    report("cmatose", r)
+}
+
+/// rdmacm-utils' test ending: the error if any, `test complete`, `return status N`.
+pub(crate) fn report(tool: &str, r: Result<(), Fail>) -> i32 {
     let code = match r {
         Ok(()) => 0,
         Err(e) => {
-            println!("cmatose: {e}");
+            println!("{tool}: {e}");
             1
         }
     };

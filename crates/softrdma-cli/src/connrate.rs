@@ -13,6 +13,7 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use crate::cmatose::{Fail, STEP};
 use softrdma::cm::{CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
 use softrdma::{Access, QpBuilder, QpCaps};
 
@@ -37,10 +38,6 @@ pub struct ConnrateArgs {
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub concurrent: u32,
 }
-
-type Fail = Box<dyn std::error::Error>;
-
-const STEP: Duration = Duration::from_secs(30);
 
 pub fn run(a: &ConnrateArgs) -> i32 {
     let r = match (a.listen, a.server) {
@@ -81,11 +78,14 @@ fn server(a: &ConnrateArgs, addr: IpAddr) -> Result<(), Fail> {
     listener.listen(4096)?;
     let tcp = TcpListener::bind(SocketAddr::new(addr, a.port))?;
     // TCP: accept and close until the client's last connection says "done".
-    let tcp_thread = std::thread::spawn(move || {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
         for s in tcp.incoming() {
             let Ok(mut s) = s else { continue };
+            let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
             let mut b = [0u8; 4];
             if s.read(&mut b).is_ok_and(|n| n == 4) && &b == b"done" {
+                let _ = done_tx.send(());
                 return;
             }
         }
@@ -117,7 +117,9 @@ fn server(a: &ConnrateArgs, addr: IpAddr) -> Result<(), Fail> {
             _ => {}
         }
     }
-    let _ = tcp_thread.join();
+    // The client says done over TCP after its last CM connection; a client that never
+    // does is not waited for long.
+    let _ = done_rx.recv_timeout(Duration::from_secs(10));
     println!("server: {} CM connections, CONNECT_REQUEST to ESTABLISHED {}", lat.len(), pct(&mut lat));
     Ok(())
 }

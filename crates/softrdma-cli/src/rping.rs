@@ -12,6 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cmatose::{Fail, STEP};
 use softrdma::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
 use softrdma::{
     Access, CompletionQueue, MemoryRegion, ProtectionDomain, QpBuilder, QpCaps, QueuePair, RecvWr, Rkey,
@@ -60,12 +61,8 @@ pub struct RpingArgs {
 /// rping's smallest buffer: the longest `rdma-ping-N: ` and a NUL.
 const MIN_SIZE: i64 = 26;
 const MAX_SIZE: i64 = 64 << 20;
-/// How long any one step may take before the test gives up.
-const STEP: Duration = Duration::from_secs(30);
 /// The advertisement: address, rkey, length.
 const INFO: usize = 16;
-
-type Fail = Box<dyn std::error::Error>;
 
 pub fn run(a: &RpingArgs) -> i32 {
     if a.server == a.client {

@@ -39,9 +39,8 @@ pub struct UdaddyArgs {
     pub port: u16,
 }
 
-type Fail = Box<dyn std::error::Error>;
+use crate::cmatose::{report, Fail, STEP};
 
-const STEP: Duration = Duration::from_secs(30);
 /// The GRH in front of every UD receive.
 const GRH: usize = 40;
 
@@ -50,16 +49,7 @@ pub fn run(a: &UdaddyArgs) -> i32 {
         Some(s) => client(a, s),
         None => server(a),
     };
-    let code = match r {
-        Ok(()) => 0,
-        Err(e) => {
-            println!("udaddy: {e}");
-            1
-        }
-    };
-    println!("test complete");
-    println!("return status {code}");
-    code
+    report("udaddy", r)
 }
 
 struct Node {

@@ -251,16 +251,13 @@ impl Endpoint {
             return;
         };
         let qpn = pkt.bth().dest_qp().get();
-        if qpn == GSI_QPN {
-            self.handle_gsi(now, src, dst, &pkt, bytes);
-            return;
-        }
-        let slot = self.qps.get_mut(&qpn);
-        if !icrc::verify(&encap, bytes) {
-            // Only a QP whose peer is foreign accepts the ID-agnostic check.
-            let foreign = slot.as_ref().is_some_and(|s| s.qp.foreign_peer());
+        let exact = icrc::verify(&encap, bytes);
+        if !exact {
+            // Only QP1 (CM messages come from any RoCE sender) and a QP whose peer is
+            // foreign accept the ID-agnostic check.
+            let may = qpn == GSI_QPN || self.qps.get(&qpn).is_some_and(|s| s.qp.foreign_peer());
             let agnostic = match (src, dst) {
-                (SocketAddr::V4(s), SocketAddr::V4(d)) if foreign => {
+                (SocketAddr::V4(s), SocketAddr::V4(d)) if may => {
                     icrc::solve_ipv4_ident(s, d, bytes).is_some()
                 }
                 _ => false,
@@ -270,7 +267,11 @@ impl Endpoint {
                 return;
             }
         }
-        let Some(slot) = slot else {
+        if qpn == GSI_QPN {
+            self.handle_gsi(now, src.ip(), !exact, &pkt);
+            return;
+        }
+        let Some(slot) = self.qps.get_mut(&qpn) else {
             self.stats.unknown_qp += 1;
             return;
         };
@@ -283,25 +284,9 @@ impl Endpoint {
         slot.qp.handle_packet(now, src, tos, &pkt, mem, srq);
     }
 
-    /// A packet for QP1: a MAD for the CM if it is one.
-    fn handle_gsi(
-        &mut self,
-        now: Duration,
-        src: SocketAddr,
-        dst: SocketAddr,
-        pkt: &Packet<&[u8]>,
-        bytes: &[u8],
-    ) {
-        let exact = icrc::Encap::new(src, dst).is_some_and(|e| icrc::verify(&e, bytes));
-        let agnostic = !exact
-            && match (src, dst) {
-                (SocketAddr::V4(s), SocketAddr::V4(d)) => icrc::solve_ipv4_ident(s, d, bytes).is_some(),
-                _ => false,
-            };
-        if !exact && !agnostic {
-            self.stats.icrc_errors += 1;
-            return;
-        }
+    /// A packet for QP1 that passed the ICRC check (`foreign`: only the ID-agnostic one):
+    /// a MAD for the CM if it is one.
+    fn handle_gsi(&mut self, now: Duration, peer: IpAddr, foreign: bool, pkt: &Packet<&[u8]>) {
         if !pkey_match(pkt.bth().pkey(), self.pkeys[0]) {
             self.stats.pkey_violations += 1;
             return;
@@ -316,11 +301,11 @@ impl Endpoint {
             self.stats.gsi_dropped += 1;
             return;
         }
-        if self.foreign.len() >= MAX_PEERS && !self.foreign.contains_key(&src.ip()) {
+        if self.foreign.len() >= MAX_PEERS && !self.foreign.contains_key(&peer) {
             self.foreign.clear();
         }
-        self.foreign.insert(src.ip(), agnostic);
-        cm.handle_mad(now, src.ip(), pkt.payload());
+        self.foreign.insert(peer, foreign);
+        cm.handle_mad(now, peer, pkt.payload());
     }
 
     /// The CM's next MAD as a whole packet in `buf`, if it has one.

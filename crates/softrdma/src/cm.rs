@@ -982,16 +982,18 @@ impl CmSink for IdInner {
         let id = CmId { inner: me };
         match ev {
             AgentEvent::ConnectRequest { id: comm, peer, req } => {
-                id.on_request(comm, peer, Some(req), None, foreign)
+                let header = CmaHeader::parse(&req.private_data);
+                id.on_request(comm, peer, header, param_of_req(&req), Some(req), foreign)
             }
             AgentEvent::SidrRequest { id: comm, peer, req } => {
                 let header = CmaHeader::parse(&req.private_data);
                 let data = req.private_data.get(CmaHeader::LEN..).unwrap_or_default().to_vec();
-                id.on_request(comm, peer, None, Some((header, data)), foreign)
+                let param = ConnParam { private_data: data, ..ConnParam::default() };
+                id.on_request(comm, peer, header, param, None, foreign)
             }
             ev => {
                 // A connection a listener has not handed over yet goes to its own ID.
-                let comm = agent_event_id(&ev);
+                let comm = ev.id();
                 let child = {
                     let st = self.st_lock();
                     if st.comm == Some(comm) {
@@ -1012,20 +1014,6 @@ impl CmSink for IdInner {
 impl IdInner {
     fn st_lock(&self) -> MutexGuard<'_, IdState> {
         lock(&self.st)
-    }
-}
-
-fn agent_event_id(ev: &AgentEvent) -> CommId {
-    match *ev {
-        AgentEvent::ConnectRequest { id, .. }
-        | AgentEvent::ConnectResponse { id, .. }
-        | AgentEvent::Established { id }
-        | AgentEvent::Rejected { id, .. }
-        | AgentEvent::Unreachable { id }
-        | AgentEvent::Disconnected { id }
-        | AgentEvent::TimewaitExit { id }
-        | AgentEvent::SidrRequest { id, .. }
-        | AgentEvent::SidrResponse { id, .. } => id,
     }
 }
 
@@ -1057,60 +1045,48 @@ fn param_of_rep(rep: &Rep) -> ConnParam {
 
 impl CmId {
     /// A listener's new connection: a new ID on the device it came to, reported with
-    /// CONNECT_REQUEST.
+    /// CONNECT_REQUEST. `header` is rdma_cm's (absent when the peer is not rdma_cm).
     fn on_request(
         &self,
         comm: CommId,
         peer: IpAddr,
+        header: Option<CmaHeader>,
+        param: ConnParam,
         req: Option<Box<Req>>,
-        sidr: Option<(Option<CmaHeader>, Vec<u8>)>,
         foreign: bool,
     ) {
         let (ctx, local_port) = {
             let st = self.st();
-            // The device the request came to: the one whose family and address match the
-            // header's destination, else the first.
-            let header = req
-                .as_ref()
-                .and_then(|r| CmaHeader::parse(&r.private_data))
-                .or(sidr.as_ref().and_then(|s| s.0));
+            // The device the request came to: the header's destination, else the first.
             let ctx = header
                 .and_then(|h| st.ctxs.iter().find(|c| c.local_addr().ip() == h.dst).cloned())
                 .or_else(|| st.ctxs.first().cloned());
             (ctx, st.local.map_or(0, |l| l.port()))
         };
         let Some(ctx) = ctx else { return };
-        let header =
-            req.as_ref().and_then(|r| CmaHeader::parse(&r.private_data)).or(sidr.as_ref().and_then(|s| s.0));
-        let remote = header.map_or(SocketAddr::new(peer, 0), |h| SocketAddr::new(peer, h.src.port()));
-        let foreign = foreign || ctx.inner.engine.peer_is_foreign(peer);
         let mut st = IdState::new();
         st.phase = Phase::Requested;
         st.ctxs = vec![ctx.clone()];
         st.local = Some(SocketAddr::new(ctx.local_addr().ip(), local_port));
-        st.remote = Some(remote);
+        st.remote = Some(SocketAddr::new(peer, header.map_or(0, |h| h.src.port())));
         st.comm = Some(comm);
         st.foreign = foreign;
-        let (param, ud) = match (&req, &sidr) {
-            (Some(r), _) => (param_of_req(r), None),
-            (None, Some((_, data))) => {
-                (ConnParam { private_data: data.clone(), ..ConnParam::default() }, None::<UdParam>)
-            }
-            (None, None) => return,
-        };
         st.req = req;
         let child = CmId::with_state(self.inner.chan.clone(), self.inner.ps, self.inner.qp_type, st);
-        self.st().children.insert(comm, Arc::downgrade(&child.inner));
+        {
+            let mut st = self.st();
+            st.children.retain(|_, w| w.strong_count() > 0);
+            st.children.insert(comm, Arc::downgrade(&child.inner));
+        }
         let sink: Weak<dyn CmSink> = child.inner.me.clone();
         ctx.inner.engine.cm_set_sink(comm, sink);
-        self.st().children.retain(|_, w| w.strong_count() > 0);
         self.inner.chan.push(CmEvent {
             kind: CmEventKind::ConnectRequest,
             id: child,
             listen_id: Some(self.clone()),
             status: 0,
             param,
-            ud,
+            ud: None,
         });
     }
 

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use softrdma_proto::cm::{CmAgent, CmConfig, CmError, CmEvent, CommId, Rep, Req};
+use softrdma_proto::cm::{CmAgent, CmConfig, CmError, CmEvent, CmState, CommId, Rep, Req};
 use softrdma_proto::endpoint::{Arrival, Endpoint, EndpointStats};
 use softrdma_proto::memory::{Access, PdId};
 use softrdma_proto::qp::{QpAttr, QpConfig, QpState, QueuePair, RecvWr, SendWr, SrqId, WorkCompletion};
@@ -203,21 +203,6 @@ fn agent(core: &mut Core) -> Result<&mut CmAgent> {
 
 fn cm_err(e: CmError) -> Error {
     Error::Cm(e)
-}
-
-/// The connection an event is about.
-fn cm_event_id(ev: &CmEvent) -> CommId {
-    match *ev {
-        CmEvent::ConnectRequest { id, .. }
-        | CmEvent::ConnectResponse { id, .. }
-        | CmEvent::Established { id }
-        | CmEvent::Rejected { id, .. }
-        | CmEvent::Unreachable { id }
-        | CmEvent::Disconnected { id }
-        | CmEvent::TimewaitExit { id }
-        | CmEvent::SidrRequest { id, .. }
-        | CmEvent::SidrResponse { id, .. } => id,
-    }
 }
 
 fn ns(d: Duration) -> u64 {
@@ -640,10 +625,10 @@ impl Engine {
             core.cm_routes.remove(&comm);
             let cm = agent(core)?;
             match cm.state(comm) {
-                Some(softrdma_proto::cm::CmState::Established) => {
+                Some(CmState::Established) => {
                     let _ = cm.disconnect(now, comm, &[]);
                 }
-                Some(softrdma_proto::cm::CmState::DreqSent | softrdma_proto::cm::CmState::Timewait) => {}
+                Some(CmState::DreqSent | CmState::Timewait) => {}
                 _ => cm.destroy(comm),
             }
             Ok(())
@@ -665,11 +650,11 @@ impl Engine {
 
     /// Takes the agent's events: readies active QPs and sends their RTU, fails the QPs of
     /// connections that ended, and queues each event for its ID.
-    fn cm_pump(&self, core: &mut Core, now: Duration) {
+    fn cm_pump(&self, core: &mut Core) {
         use softrdma_proto::cm::RejReason;
         let before = core.cm_out.len();
         while let Some(ev) = core.endpoint.cm_mut().and_then(CmAgent::poll_event) {
-            let comm = cm_event_id(&ev);
+            let comm = ev.id();
             let peer = core.endpoint.cm().and_then(|c| c.peer(comm));
             let foreign = peer.is_some_and(|p| core.endpoint.peer_is_foreign(p));
             match &ev {
@@ -733,7 +718,6 @@ impl Engine {
                 core.cm_out.push((sink, ev, foreign));
             }
         }
-        let _ = now;
         if core.cm_out.len() > before {
             self.cm_waiting.store(true, Ordering::Release);
             self.wake.signal();
@@ -826,7 +810,7 @@ impl Engine {
         let now = self.now();
         let local = self.local;
         if core.endpoint.cm().is_some() {
-            self.cm_pump(core, now);
+            self.cm_pump(core);
         }
         loop {
             let Core { endpoint, mem, slots, out: msgs, link, .. } = &mut *core;

@@ -170,6 +170,23 @@ pub enum CmEvent {
     },
 }
 
+impl CmEvent {
+    /// The connection (or SIDR exchange) the event is about.
+    pub fn id(&self) -> CommId {
+        match *self {
+            CmEvent::ConnectRequest { id, .. }
+            | CmEvent::ConnectResponse { id, .. }
+            | CmEvent::Established { id }
+            | CmEvent::Rejected { id, .. }
+            | CmEvent::Unreachable { id }
+            | CmEvent::Disconnected { id }
+            | CmEvent::TimewaitExit { id }
+            | CmEvent::SidrRequest { id, .. }
+            | CmEvent::SidrResponse { id, .. } => id,
+        }
+    }
+}
+
 /// Why a consumer's call was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum CmError {
