@@ -50,6 +50,18 @@ pub enum Error {
     /// A connection-manager call in the wrong state of its ID.
     #[error("not allowed now: {0}")]
     CmState(&'static str),
+    /// A connection or resolution a blocking call waited for ended with another event
+    /// (`status` is the event's: a REJ reason, or a negative errno).
+    #[error("the connection manager reported {event} (status {status})")]
+    CmFailed {
+        /// The event's rdma_cm name, e.g. `RDMA_CM_EVENT_REJECTED`.
+        event: &'static str,
+        /// Its status.
+        status: i32,
+    },
+    /// A blocking call's time ran out.
+    #[error("timed out: {0}")]
+    TimedOut(&'static str),
     /// A system call failed.
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -69,6 +81,13 @@ impl Error {
             Error::Cm(softrdma_proto::cm::CmError::InUse) => libc::EADDRINUSE,
             Error::Cm(softrdma_proto::cm::CmError::PrivateDataTooLong { .. }) => libc::EINVAL,
             Error::Cm(_) | Error::CmState(_) => libc::EINVAL,
+            Error::CmFailed { event, .. } => match *event {
+                "RDMA_CM_EVENT_REJECTED" => libc::ECONNREFUSED,
+                "RDMA_CM_EVENT_UNREACHABLE" => libc::ETIMEDOUT,
+                "RDMA_CM_EVENT_ADDR_ERROR" | "RDMA_CM_EVENT_ROUTE_ERROR" => libc::EADDRNOTAVAIL,
+                _ => libc::ECONNRESET,
+            },
+            Error::TimedOut(_) => libc::ETIMEDOUT,
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }
     }

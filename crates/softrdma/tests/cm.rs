@@ -352,3 +352,126 @@ fn ud_ids_resolve_the_peer_qp_with_sidr_and_exchange_datagrams() {
     let wc = wait_wc(&sside.cq);
     assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 8 + 40));
 }
+
+/// The tutorial's (seed 003) client and server, through the convenience layer: each side
+/// gets a connected QP in a few blocking calls and one message goes each way; the server
+/// also READs the client's buffer, whose address came in the private data.
+#[test]
+fn the_convenience_layer_runs_the_tutorials_client_and_server() {
+    use softrdma::cm::{getaddrinfo, AddrHints, Ep, EpQp};
+    let hints = AddrHints { passive: true, ..Default::default() };
+    let info = getaddrinfo(Some("127.0.6.12"), Some("7477"), &hints).unwrap();
+    assert_eq!(info.len(), 1);
+    assert_eq!(info[0].src, Some("127.0.6.12:7477".parse().unwrap()));
+    let listener = Ep::create(&info[0], None, Some(&EpQp::default())).unwrap();
+    listener.listen(4).unwrap();
+    let server = std::thread::spawn(move || {
+        let mut ep = listener.get_request().unwrap();
+        let peer = ep.peer_param().unwrap().clone();
+        let pd = &peer.private_data;
+        let remote = softrdma::RemoteRegion {
+            addr: u64::from_le_bytes(pd[..8].try_into().unwrap()),
+            rkey: u32::from_le_bytes(pd[8..12].try_into().unwrap()),
+            len: u32::from_le_bytes(pd[12..16].try_into().unwrap()).into(),
+        };
+        let msg = ep.reg_msgs(64).unwrap();
+        ep.post_recv(1, &msg, 0, 64).unwrap();
+        ep.accept(&ConnParam::default()).unwrap();
+        let wc = ep.get_recv_comp_timeout(WAIT).unwrap();
+        assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 5));
+        assert_eq!(&msg.to_vec()[..5], b"hello");
+        let flags = SendFlags { signaled: true, ..Default::default() };
+        ep.post_read(2, &msg, 8, 16, flags, &remote, 4).unwrap();
+        assert_eq!(ep.get_send_comp_timeout(WAIT).unwrap().status, WcStatus::Success);
+        msg.write(0, b"world").unwrap();
+        ep.post_send(3, &msg, 0, 5, flags).unwrap();
+        assert_eq!(ep.get_send_comp_timeout(WAIT).unwrap().status, WcStatus::Success);
+        let read = msg.to_vec()[8..24].to_vec();
+        // Wait for the client's disconnect: the receive posted last flushes.
+        ep.post_recv(4, &msg, 32, 32).unwrap();
+        let wc = ep.get_recv_comp_timeout(WAIT).unwrap();
+        assert_eq!((wc.wr_id, wc.status), (4, WcStatus::WrFlushErr));
+        read
+    });
+
+    let hints = AddrHints { src: Some(ip([127, 0, 6, 13])), ..Default::default() };
+    let info = getaddrinfo(Some("127.0.6.12"), Some("7477"), &hints).unwrap();
+    let mut ep = Ep::create(&info[0], None, Some(&EpQp::default())).unwrap();
+    let exposed = ep.reg_read(64).unwrap();
+    exposed.write(0, b"0123456789abcdefghijklmnop").unwrap();
+    let msg = ep.reg_msgs(64).unwrap();
+    ep.post_recv(9, &msg, 0, 64).unwrap();
+    let r = exposed.remote();
+    let advert = [&r.addr.to_le_bytes()[..], &r.rkey.to_le_bytes(), &(r.len as u32).to_le_bytes()].concat();
+    let offer = ConnParam { private_data: advert, ..Default::default() };
+    ep.connect(&offer).unwrap();
+    msg.write(32, b"hello").unwrap();
+    ep.post_send(8, &msg, 32, 5, SendFlags { signaled: true, ..Default::default() }).unwrap();
+    assert_eq!(ep.get_send_comp_timeout(WAIT).unwrap().status, WcStatus::Success);
+    let wc = ep.get_recv_comp_timeout(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (9, WcStatus::Success, 5));
+    assert_eq!(&msg.to_vec()[..5], b"world");
+    ep.disconnect().unwrap();
+    assert_eq!(server.join().unwrap(), b"456789abcdefghij", "the READ fetched the client's bytes 4..20");
+}
+
+#[test]
+fn the_convenience_layer_reports_a_refused_connection_and_bad_hints() {
+    use softrdma::cm::{getaddrinfo, AddrHints, Ep, EpQp};
+    let hints = AddrHints { numeric_host: true, ..Default::default() };
+    assert!(getaddrinfo(Some("localhost"), Some("7478"), &hints).is_err());
+    assert!(getaddrinfo(Some("127.0.6.14"), Some("rdma"), &AddrHints::default()).is_err());
+    assert!(getaddrinfo(None, Some("7478"), &AddrHints::default()).is_err(), "active needs a node");
+    let v6 = AddrHints { ipv6: Some(true), ..Default::default() };
+    assert!(getaddrinfo(Some("127.0.6.14"), Some("7478"), &v6).is_err());
+    // 127.0.6.14 runs a CM (a listener on 7480) but nobody listens on 7478: the REQ is
+    // rejected (reason 8, invalid service ID).
+    let other =
+        getaddrinfo(Some("127.0.6.14"), Some("7480"), &AddrHints { passive: true, ..Default::default() });
+    let other = Ep::create(&other.unwrap()[0], None, None).unwrap();
+    other.listen(1).unwrap();
+    let hints = AddrHints { src: Some(ip([127, 0, 6, 15])), ..Default::default() };
+    let info = getaddrinfo(Some("127.0.6.14"), Some("7478"), &hints).unwrap();
+    let mut ep = Ep::create(&info[0], None, Some(&EpQp::default())).unwrap();
+    let err = ep.connect(&ConnParam::default()).unwrap_err();
+    assert!(matches!(err, softrdma::Error::CmFailed { event: "RDMA_CM_EVENT_REJECTED", status: 8 }), "{err}");
+    assert_eq!(err.errno(), libc::ECONNREFUSED);
+}
+
+/// The channel as an async stream: events arrive through a waker, not by polling.
+#[test]
+fn events_arrive_through_the_async_stream() {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    struct Flag(std::sync::atomic::AtomicUsize);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let flag = Arc::new(Flag(0.into()));
+    let waker = Waker::from(flag.clone());
+    let mut cx = Context::from_waker(&waker);
+
+    let ch = EventChannel::new().unwrap();
+    let mut events = pin!(ch.events());
+    let mut next = || futures_core::Stream::poll_next(events.as_mut(), &mut cx);
+    assert!(next().is_pending(), "no event yet");
+    let id = CmId::new(&ch, PortSpace::Tcp);
+    id.resolve_addr(Some(ip([127, 0, 6, 16])), SocketAddr::new(ip([127, 0, 6, 17]), 7479), WAIT).unwrap();
+    assert_eq!(flag.0.load(std::sync::atomic::Ordering::SeqCst), 1, "the event woke the task");
+    match next() {
+        Poll::Ready(Some(ev)) => assert_eq!(ev.kind, CmEventKind::AddrResolved),
+        other => panic!("{other:?}"),
+    }
+    assert!(next().is_pending());
+    // And the single-event future.
+    id.resolve_route(WAIT).unwrap();
+    let mut fut = pin!(ch.next_event());
+    match fut.as_mut().poll(&mut cx) {
+        Poll::Ready(ev) => assert_eq!(ev.kind, CmEventKind::RouteResolved),
+        Poll::Pending => panic!("the event waits"),
+    }
+}

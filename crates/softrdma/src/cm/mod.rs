@@ -13,6 +13,9 @@
 //! | `rdma_disconnect`, `rdma_establish`, `rdma_destroy_id` | [`CmId::disconnect`], [`CmId::establish`], dropping the last [`CmId`] |
 //! | `rdma_create_qp`, `rdma_destroy_qp`, `id->verbs` | [`CmId::create_qp`], [`CmId::destroy_qp`], [`CmId::context`] |
 //! | `struct rdma_conn_param` | [`ConnParam`] |
+//! | `rdma_migrate_id` | [`CmId::migrate`] |
+//! | async code | [`EventChannel::next_event`] (a future), [`EventChannel::events`] (a `Stream`) |
+//! | `rdma_getaddrinfo`, `rdma_create_ep`, `rdma_verbs.h` | [`getaddrinfo`], [`Ep`] (see its module) |
 //!
 //! What rdma_cm does, this does: the REQ carries rdma_cm's service ID (port space and
 //! port) and its private-data header (addresses and source port) before the user's
@@ -31,10 +34,17 @@
 //! address of `127.0.0.0/8` is taken. A listener on a wildcard address listens on every
 //! address of every device that this process can open.
 
+mod ep;
+
+pub use ep::{getaddrinfo, AddrHints, AddrInfo, Ep, EpQp};
+
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use softrdma_proto::cm::{CmConfig, CmEvent as AgentEvent, CmPath, CmaHeader, CommId, Rep, Req, SidrRep};
@@ -201,6 +211,9 @@ struct Chan {
     cond: Condvar,
     /// Readable exactly while an event waits.
     efd: EventFd,
+    /// Tasks awaiting an event ([`EventChannel::next_event`], [`Events`]); taken under
+    /// the queue's lock, so that a task either finds the event or is woken by it.
+    wakers: Mutex<Vec<Waker>>,
 }
 
 impl Chan {
@@ -209,6 +222,25 @@ impl Chan {
         q.push_back(ev);
         self.efd.signal();
         self.cond.notify_all();
+        let wakers = std::mem::take(&mut *lock(&self.wakers));
+        drop(q);
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    /// Pops the next event, or registers the task to be woken by the next push.
+    fn poll_pop(&self, cx: &mut TaskContext<'_>) -> Poll<CmEvent> {
+        let mut q = lock(&self.queue);
+        if let Some(ev) = q.pop_front() {
+            if q.is_empty() {
+                self.efd.drain();
+            }
+            return Poll::Ready(ev);
+        }
+        let mut wakers = lock(&self.wakers);
+        if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
     }
 }
 
@@ -221,9 +253,25 @@ pub struct EventChannel {
 impl EventChannel {
     /// A channel with no events.
     pub fn new() -> Result<EventChannel> {
-        let chan =
-            Chan { queue: Mutex::new(VecDeque::new()), cond: Condvar::new(), efd: EventFd::exposed()? };
+        let chan = Chan {
+            queue: Mutex::new(VecDeque::new()),
+            cond: Condvar::new(),
+            efd: EventFd::exposed()?,
+            wakers: Mutex::new(Vec::new()),
+        };
         Ok(EventChannel { chan: Arc::new(chan) })
+    }
+
+    /// The next event, for async code: a future that resolves when one waits. It works
+    /// with any executor: the event's arrival wakes the task.
+    pub fn next_event(&self) -> NextEvent<'_> {
+        NextEvent { chan: &self.chan }
+    }
+
+    /// The channel's events as an async stream ([`futures_core::Stream`]); it never ends
+    /// (a channel can always get more IDs).
+    pub fn events(&self) -> Events {
+        Events { chan: self.chan.clone() }
     }
 
     /// A file descriptor readable exactly while an event waits (for `poll`/`epoll`).
@@ -264,6 +312,34 @@ impl EventChannel {
             let left = deadline.checked_duration_since(Instant::now())?;
             q = self.chan.cond.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
         }
+    }
+}
+
+/// The future of [`EventChannel::next_event`].
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct NextEvent<'a> {
+    chan: &'a Chan,
+}
+
+impl Future for NextEvent<'_> {
+    type Output = CmEvent;
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<CmEvent> {
+        self.chan.poll_pop(cx)
+    }
+}
+
+/// The stream of [`EventChannel::events`].
+#[derive(Debug, Clone)]
+#[must_use = "streams do nothing unless polled"]
+pub struct Events {
+    chan: Arc<Chan>,
+}
+
+impl futures_core::Stream for Events {
+    type Item = CmEvent;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<CmEvent>> {
+        self.chan.poll_pop(cx).map(Some)
     }
 }
 
@@ -314,7 +390,8 @@ struct IdState {
 
 #[derive(Debug)]
 struct IdInner {
-    chan: Arc<Chan>,
+    /// Where the ID's events go ([`CmId::migrate`] changes it).
+    chan: Mutex<Arc<Chan>>,
     ps: PortSpace,
     qp_type: QpType,
     me: Weak<IdInner>,
@@ -352,6 +429,21 @@ fn open_cm(ip: IpAddr) -> Result<Context> {
     Ok(c)
 }
 
+/// Whether a QP of `pd` may be the ID's: the ID has a device, it is `pd`'s, and the ID
+/// has no QP yet.
+fn check_qp_home(st: &IdState, pd: &ProtectionDomain) -> Result<()> {
+    if st.qp.is_some() {
+        return Err(Error::CmState("the ID already has a QP"));
+    }
+    let Some(ctx) = st.ctxs.first() else {
+        return Err(Error::CmState("create_qp before the ID has a device"));
+    };
+    if !Arc::ptr_eq(&ctx.inner, &pd.ctx) {
+        return Err(Error::Mismatch);
+    }
+    Ok(())
+}
+
 fn random_u32() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     std::collections::hash_map::RandomState::new().build_hasher().finish() as u32
@@ -369,7 +461,13 @@ impl CmId {
     }
 
     fn with_state(chan: Arc<Chan>, ps: PortSpace, qp_type: QpType, st: IdState) -> CmId {
-        let inner = Arc::new_cyclic(|me| IdInner { chan, ps, qp_type, me: me.clone(), st: Mutex::new(st) });
+        let inner = Arc::new_cyclic(|me| IdInner {
+            chan: Mutex::new(chan),
+            ps,
+            qp_type,
+            me: me.clone(),
+            st: Mutex::new(st),
+        });
         CmId { inner }
     }
 
@@ -401,6 +499,27 @@ impl CmId {
     /// The peer's address and rdma_cm port (`rdma_get_peer_addr`).
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.st().remote
+    }
+
+    /// Moves the ID to another event channel (`rdma_migrate_id`): its later events, and
+    /// those of its events still waiting on the old channel, go to `channel`.
+    pub fn migrate(&self, channel: &EventChannel) {
+        let old = std::mem::replace(&mut *lock(&self.inner.chan), channel.chan.clone());
+        if Arc::ptr_eq(&old, &channel.chan) {
+            return;
+        }
+        let moved: Vec<CmEvent> = {
+            let mut q = lock(&old.queue);
+            let (mine, rest): (VecDeque<_>, VecDeque<_>) = q.drain(..).partition(|e| e.id.same(self));
+            *q = rest;
+            if q.is_empty() {
+                old.efd.drain();
+            }
+            mine.into()
+        };
+        for ev in moved {
+            channel.chan.push(ev);
+        }
     }
 
     /// The ID's QP, once created.
@@ -481,7 +600,7 @@ impl CmId {
     }
 
     fn post(&self, kind: CmEventKind, status: i32) {
-        self.inner.chan.push(CmEvent {
+        self.inner.chan().push(CmEvent {
             kind,
             id: self.clone(),
             listen_id: None,
@@ -500,20 +619,24 @@ impl CmId {
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
     ) -> Result<Arc<QueuePair>> {
-        let mut st = self.st();
-        if st.qp.is_some() {
-            return Err(Error::CmState("the ID already has a QP"));
-        }
-        let Some(ctx) = st.ctxs.first() else {
-            return Err(Error::CmState("create_qp before the ID has a device"));
-        };
-        if !Arc::ptr_eq(&ctx.inner, &pd.ctx) {
-            return Err(Error::Mismatch);
-        }
         if builder.qp_type() != self.inner.qp_type {
             return Err(Error::InvalidArgument("the QP type does not fit the ID's port space"));
         }
-        let qp = pd.create_qp(builder, send_cq, recv_cq)?;
+        check_qp_home(&self.st(), pd)?;
+        let qp = Arc::new(pd.create_qp(builder, send_cq, recv_cq)?);
+        self.attach_qp(qp.clone())?;
+        Ok(qp)
+    }
+
+    /// Makes `qp`, a new QP in the RESET state on the ID's device, the ID's QP, and moves
+    /// it as [`Self::create_qp`] does. For callers that create QPs themselves (the C
+    /// library's `rdma_create_qp`).
+    pub fn attach_qp(&self, qp: Arc<QueuePair>) -> Result<()> {
+        if qp.qp_type() != self.inner.qp_type {
+            return Err(Error::InvalidArgument("the QP type does not fit the ID's port space"));
+        }
+        let mut st = self.st();
+        check_qp_home(&st, qp.pd())?;
         let init =
             QpAttr { state: Some(QpState::Init), pkey_index: Some(0), port: Some(1), ..Default::default() };
         if self.inner.qp_type == QpType::Ud {
@@ -524,9 +647,8 @@ impl CmId {
         } else {
             qp.modify(&QpAttr { access_flags: Some(Access::NONE), ..init })?;
         }
-        let qp = Arc::new(qp);
-        st.qp = Some(qp.clone());
-        Ok(qp)
+        st.qp = Some(qp);
+        Ok(())
     }
 
     /// Destroys the ID's QP (`rdma_destroy_qp`); it goes when its last handle does.
@@ -1012,6 +1134,10 @@ impl CmSink for IdInner {
 }
 
 impl IdInner {
+    fn chan(&self) -> Arc<Chan> {
+        lock(&self.chan).clone()
+    }
+
     fn st_lock(&self) -> MutexGuard<'_, IdState> {
         lock(&self.st)
     }
@@ -1072,7 +1198,7 @@ impl CmId {
         st.comm = Some(comm);
         st.foreign = foreign;
         st.req = req;
-        let child = CmId::with_state(self.inner.chan.clone(), self.inner.ps, self.inner.qp_type, st);
+        let child = CmId::with_state(self.inner.chan(), self.inner.ps, self.inner.qp_type, st);
         {
             let mut st = self.st();
             st.children.retain(|_, w| w.strong_count() > 0);
@@ -1080,7 +1206,7 @@ impl CmId {
         }
         let sink: Weak<dyn CmSink> = child.inner.me.clone();
         ctx.inner.engine.cm_set_sink(comm, sink);
-        self.inner.chan.push(CmEvent {
+        self.inner.chan().push(CmEvent {
             kind: CmEventKind::ConnectRequest,
             id: child,
             listen_id: Some(self.clone()),
@@ -1153,7 +1279,7 @@ impl CmId {
             AgentEvent::ConnectRequest { .. } | AgentEvent::SidrRequest { .. } => return,
         };
         drop(st);
-        self.inner.chan.push(CmEvent { kind, id: self.clone(), listen_id: None, status, param, ud });
+        self.inner.chan().push(CmEvent { kind, id: self.clone(), listen_id: None, status, param, ud });
     }
 }
 
