@@ -381,7 +381,8 @@ fn the_convenience_layer_runs_the_tutorials_client_and_server() {
         assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 5));
         assert_eq!(&msg.to_vec()[..5], b"hello");
         let flags = SendFlags { signaled: true, ..Default::default() };
-        ep.post_read(2, &msg, 8, 16, flags, &remote, 4).unwrap();
+        ep.post_read(2, &msg, 8, 16, flags, &softrdma::RemoteRegion { addr: remote.addr + 4, ..remote })
+            .unwrap();
         assert_eq!(ep.get_send_comp_timeout(WAIT).unwrap().status, WcStatus::Success);
         msg.write(0, b"world").unwrap();
         ep.post_send(3, &msg, 0, 5, flags).unwrap();

@@ -407,7 +407,7 @@ impl Ep {
         self.post(wr_id, SendOp::Send, mr, offset, len, flags)
     }
 
-    /// Writes `mr[offset..offset + len]` to the peer's `remote` at `remote_offset`
+    /// Writes `mr[offset..offset + len]` to the start of the peer's `remote`
     /// (`rdma_post_write`).
     pub fn post_write(
         &self,
@@ -417,13 +417,12 @@ impl Ep {
         len: usize,
         flags: SendFlags,
         remote: &RemoteRegion,
-        remote_offset: u64,
     ) -> Result<()> {
-        let op = SendOp::Write { remote_addr: remote.addr + remote_offset, rkey: crate::Rkey(remote.rkey) };
+        let op = SendOp::Write { remote_addr: remote.addr, rkey: crate::Rkey(remote.rkey) };
         self.post(wr_id, op, mr, offset, len, flags)
     }
 
-    /// Reads the peer's `remote` at `remote_offset` into `mr[offset..offset + len]`
+    /// Reads the start of the peer's `remote` into `mr[offset..offset + len]`
     /// (`rdma_post_read`).
     pub fn post_read(
         &self,
@@ -433,9 +432,8 @@ impl Ep {
         len: usize,
         flags: SendFlags,
         remote: &RemoteRegion,
-        remote_offset: u64,
     ) -> Result<()> {
-        let op = SendOp::Read { remote_addr: remote.addr + remote_offset, rkey: crate::Rkey(remote.rkey) };
+        let op = SendOp::Read { remote_addr: remote.addr, rkey: crate::Rkey(remote.rkey) };
         self.post(wr_id, op, mr, offset, len, flags)
     }
 
