@@ -591,3 +591,150 @@ pub const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1 << 0;
 pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
 /// `IBV_GID_TYPE_SYSFS_ROCE_V2`, what `ibv_query_gid_type` reports.
 pub const IBV_GID_TYPE_SYSFS_ROCE_V2: c_int = 1;
+
+// ---- librdmacm (`<rdma/rdma_cma.h>`, `<rdma/rdma_verbs.h>`) --------------------------------
+
+#[repr(C)]
+pub struct rdma_event_channel {
+    pub fd: c_int,
+}
+
+/// `struct rdma_ib_addr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct rdma_ib_addr {
+    pub sgid: ibv_gid,
+    pub dgid: ibv_gid,
+    pub pkey: u16,
+}
+
+/// `struct sockaddr_storage`: 128 bytes, 8-aligned.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub struct sockaddr_storage {
+    pub bytes: [u8; 128],
+}
+
+impl Default for sockaddr_storage {
+    fn default() -> Self {
+        sockaddr_storage { bytes: [0; 128] }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct rdma_addr {
+    pub src_addr: sockaddr_storage,
+    pub dst_addr: sockaddr_storage,
+    pub ibaddr: rdma_ib_addr,
+}
+
+#[repr(C)]
+pub struct rdma_route {
+    pub addr: rdma_addr,
+    pub path_rec: *mut ibv_sa_path_rec,
+    pub num_paths: c_int,
+}
+
+/// `struct ibv_sa_path_rec` (64 bytes): the GIDs lead; the rest stays zero.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_sa_path_rec {
+    pub dgid: ibv_gid,
+    pub sgid: ibv_gid,
+    pub rest: [u8; 32],
+}
+
+#[repr(C)]
+pub struct rdma_cm_id {
+    pub verbs: *mut ibv_context,
+    pub channel: *mut rdma_event_channel,
+    pub context: *mut c_void,
+    pub qp: *mut ibv_qp,
+    pub route: rdma_route,
+    pub ps: c_int,
+    pub port_num: u8,
+    pub event: *mut rdma_cm_event,
+    pub send_cq_channel: *mut ibv_comp_channel,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq_channel: *mut ibv_comp_channel,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub pd: *mut ibv_pd,
+    pub qp_type: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_conn_param {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub flow_control: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub srq: u8,
+    pub qp_num: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_ud_param {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub ah_attr: ibv_ah_attr,
+    pub qp_num: u32,
+    pub qkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union rdma_event_param {
+    pub conn: rdma_conn_param,
+    pub ud: rdma_ud_param,
+}
+
+#[repr(C)]
+pub struct rdma_cm_event {
+    pub id: *mut rdma_cm_id,
+    pub listen_id: *mut rdma_cm_id,
+    pub event: c_int,
+    pub status: c_int,
+    pub param: rdma_event_param,
+}
+
+#[repr(C)]
+pub struct rdma_addrinfo {
+    pub ai_flags: c_int,
+    pub ai_family: c_int,
+    pub ai_qp_type: c_int,
+    pub ai_port_space: c_int,
+    pub ai_src_len: libc::socklen_t,
+    pub ai_dst_len: libc::socklen_t,
+    pub ai_src_addr: *mut libc::sockaddr,
+    pub ai_dst_addr: *mut libc::sockaddr,
+    pub ai_src_canonname: *mut c_char,
+    pub ai_dst_canonname: *mut c_char,
+    pub ai_route_len: usize,
+    pub ai_route: *mut c_void,
+    pub ai_connect_len: usize,
+    pub ai_connect: *mut c_void,
+    pub ai_next: *mut rdma_addrinfo,
+}
+
+pub const RAI_PASSIVE: c_int = 1;
+pub const RAI_NUMERICHOST: c_int = 2;
+pub const RDMA_PS_IPOIB: c_int = 0x0002;
+pub const RDMA_PS_TCP: c_int = 0x0106;
+pub const RDMA_PS_UDP: c_int = 0x0111;
+pub const RDMA_PS_IB: c_int = 0x013F;
+pub const RDMA_OPTION_ID: c_int = 0;
+pub const RDMA_OPTION_ID_TOS: c_int = 0;
+pub const RDMA_OPTION_ID_REUSEADDR: c_int = 1;
+pub const RDMA_OPTION_ID_AFONLY: c_int = 2;
+pub const RDMA_OPTION_ID_ACK_TIMEOUT: c_int = 3;
+pub const RDMA_OPTION_IB: c_int = 1;
+pub const RDMA_OPTION_IB_PATH: c_int = 1;
+/// `RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH`: "the device's maximum".
+pub const RDMA_MAX_DEPTH: u8 = 0xFF;

@@ -36,6 +36,7 @@ pub mod abi;
 mod cq;
 mod device;
 mod extra;
+pub mod rdmacm;
 mod stubs;
 mod verbs;
 
@@ -132,7 +133,7 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    fn open(device: *mut ibv_device, rt: Context, foreign: bool) -> *mut ibv_context {
+    pub(crate) fn open(device: *mut ibv_device, rt: Context, foreign: bool) -> *mut ibv_context {
         // SAFETY: plain data; null pointers and zero fds are filled below.
         let mut ibv: ibv_context = unsafe { std::mem::zeroed() };
         ibv.device = device;

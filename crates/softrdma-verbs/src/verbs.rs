@@ -9,7 +9,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::net::SocketAddr;
 use std::ptr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use softrdma::proto::qp::ModifyError;
 use softrdma::{
@@ -141,7 +141,8 @@ pub(crate) struct Qp {
     ibv: ibv_qp,
     /// Right after `ibv_qp`, so that the pointer is also an `ibv_qp_ex`.
     ex: ibv_qp_ex_tail,
-    rt: QueuePair,
+    /// Shared with the CM ID that moves it, for QPs of `rdma_create_qp`.
+    pub(crate) rt: Arc<QueuePair>,
     /// Work requests built by `ibv_wr_*` since `ibv_wr_start`, each with its inline data
     /// if it has some; `None` once one was malformed (`ibv_wr_complete` then fails with
     /// EINVAL).
@@ -199,7 +200,7 @@ fn sends_data(op: &SendOp) -> bool {
 
 /// # Safety
 /// `qp` is a live QP from [`ibv_create_qp`].
-unsafe fn qp_of<'a>(qp: *mut ibv_qp) -> &'a Qp {
+pub(crate) unsafe fn qp_of<'a>(qp: *mut ibv_qp) -> &'a Qp {
     // SAFETY: by the contract.
     unsafe { &*qp.cast::<Qp>() }
 }
@@ -285,7 +286,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
         Ok(b) => Mutex::new(b),
         Err(e) => return fail(e.errno()),
     };
-    let q: *mut ibv_qp = Box::into_raw(Box::new(Qp { ibv, ex, rt, pending, bounce })).cast();
+    let q: *mut ibv_qp = Box::into_raw(Box::new(Qp { ibv, ex, rt: Arc::new(rt), pending, bounce })).cast();
     ctx.qps.insert(qpn, q);
     q
 }

@@ -527,6 +527,11 @@ impl CmId {
         self.st().qp.clone()
     }
 
+    /// A number naming the ID, unique among live IDs (for tables keyed by ID).
+    pub fn key(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// Whether two handles name the same ID.
     pub fn same(&self, other: &CmId) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
