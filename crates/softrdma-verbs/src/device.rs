@@ -13,7 +13,7 @@ use crate::{nonblocking, set_errno, Ctx};
 
 /// Names the address a process uses: its device is listed first, with that address as
 /// GID 0 (programs exchange only GIDs, so two processes on one host need two addresses).
-pub const BIND_ENV: &str = "SOFTRDMA_BIND";
+pub const BIND_ENV: &str = softrdma::BIND_ENV;
 /// Mark every QP's peer as foreign (Linux rxe, a RoCE NIC): ICRCs are checked as a
 /// kernel-built packet needs (see `QueuePair::set_foreign_peer`).
 pub const FOREIGN_ENV: &str = "SOFTRDMA_FOREIGN";

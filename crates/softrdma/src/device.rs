@@ -51,6 +51,16 @@ const MAX_OBJECTS: u32 = MAX_QP;
 
 /// The environment variable that sets the UDP port devices bind (default 4791).
 pub const PORT_ENV: &str = "SOFTRDMA_PORT";
+
+/// The address this process uses (`SOFTRDMA_BIND=ADDR`): the drop-in library lists its
+/// device first with ADDR as GID 0, and the connection manager's wildcard listeners
+/// listen on it too, beside the devices' own addresses.
+pub const BIND_ENV: &str = "SOFTRDMA_BIND";
+
+/// The address [`BIND_ENV`] names, if it names one.
+pub fn bind_env() -> Option<std::net::IpAddr> {
+    std::env::var(BIND_ENV).ok().and_then(|b| b.trim().parse().ok())
+}
 /// The environment variable that adds addresses to the GID tables: a comma-separated
 /// list, each added to the interface that routes it (`127.0.0.2` → `lo`).
 pub const GIDS_ENV: &str = "SOFTRDMA_GIDS";

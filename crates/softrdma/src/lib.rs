@@ -46,9 +46,10 @@ pub use ah::{AddressHandle, AhAttr};
 pub use context::Context;
 pub use cq::{completion_clock_ns, CompletionChannel, CompletionQueue, CqOptions, NextCompletion, EMPTY_WC};
 pub use device::{
-    addr_of_gid, default_port, devices, find_device, gid_of, AtomicCap, Device, DeviceAttr, GidEntry,
-    GidType, LinkLayer, PortAttr, PortState, DEVICE_CAP_FLAGS, GIDS_ENV, MAX_CQE, MAX_INLINE, MAX_MR,
-    MAX_MR_SIZE, MAX_QP, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE, PORT_CAP_IP_BASED_GIDS, PORT_ENV,
+    addr_of_gid, bind_env, default_port, devices, find_device, gid_of, AtomicCap, Device, DeviceAttr,
+    GidEntry, GidType, LinkLayer, PortAttr, PortState, BIND_ENV, DEVICE_CAP_FLAGS, GIDS_ENV, MAX_CQE,
+    MAX_INLINE, MAX_MR, MAX_MR_SIZE, MAX_QP, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE, PORT_CAP_IP_BASED_GIDS,
+    PORT_ENV,
 };
 pub use engine::{AsyncEvent, IoStats};
 pub use error::{Error, Result};

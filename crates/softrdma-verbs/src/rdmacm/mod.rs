@@ -695,12 +695,13 @@ fn convert(ev: CmEvent) -> Option<*mut rdma_cm_event> {
     let n = ev.param.private_data.len().min(255);
     boxed.data[..n].copy_from_slice(&ev.param.private_data[..n]);
     let data_ptr = if n == 0 { ptr::null() } else { boxed.data.as_ptr().cast::<c_void>() };
+    let sgid_index = ev.id.context().map_or(0, |c| c.device().gid_index as u8);
     boxed.ibv.param = match ev.ud {
         Some(ud) => rdma_event_param {
             ud: rdma_ud_param {
                 private_data: data_ptr,
                 private_data_len: n as u8,
-                ah_attr: ah_attr_of(ud.addr.ip(), 0),
+                ah_attr: ah_attr_of(ud.addr.ip(), sgid_index),
                 qp_num: ud.qpn.get(),
                 qkey: ud.qkey.0,
             },

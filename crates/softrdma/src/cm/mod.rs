@@ -32,7 +32,9 @@
 //! rdma_cm keeps its devices). An active ID with no source address takes the route's source
 //! address; on loopback, if another process already uses that address, the next free
 //! address of `127.0.0.0/8` is taken. A listener on a wildcard address listens on every
-//! address of every device that this process can open.
+//! address of every device that this process can open, and on the address
+//! `SOFTRDMA_BIND` names ([`crate::BIND_ENV`]: how two processes on one host, at
+//! 127.0.0.2 and 127.0.0.3, run programs whose servers listen on a wildcard address).
 
 mod ep;
 
@@ -962,13 +964,16 @@ fn open_route_source(dst: IpAddr) -> Result<(Context, IpAddr)> {
 
 /// A context on every address of every device of `family`'s kind that opens.
 fn open_all(family: IpAddr) -> Result<Vec<Context>> {
-    let mut out = Vec::new();
-    for d in crate::devices()? {
-        for g in &d.gids {
-            if g.addr.is_ipv4() != family.is_ipv4() {
-                continue;
-            }
-            if let Ok(ctx) = open_cm(g.addr) {
+    let mut addrs: Vec<IpAddr> =
+        crate::devices()?.iter().flat_map(|d| d.gids.iter().map(|g| g.addr)).collect();
+    addrs.extend(crate::bind_env());
+    let mut out: Vec<Context> = Vec::new();
+    for a in addrs {
+        if a.is_ipv4() != family.is_ipv4() {
+            continue;
+        }
+        if let Ok(ctx) = open_cm(a) {
+            if !out.iter().any(|c| Arc::ptr_eq(&c.inner, &ctx.inner)) {
                 out.push(ctx);
             }
         }
