@@ -51,7 +51,7 @@ pair() {
   local s_log=$logs/${name//\//_}.$tcp.server c_log=$logs/${name//\//_}.$tcp.client
   timeout 60 "${server[@]//@PORT@/$tcp}" >"$s_log" 2>&1 &
   local spid=$!
-  wait_listening $tcp $spid
+  if [ "${wait_mode:-}" = cm ]; then wait_cm $spid; else wait_listening $tcp $spid; fi
   timeout 60 "${client[@]//@PORT@/$tcp}" >"$c_log" 2>&1
   local crc=$?
   last_client_log=$c_log
@@ -78,11 +78,24 @@ wait_listening() { # port server-pid
   done
 }
 
+# rdma_cm servers listen on no TCP port: wait (at most 10 s) until the server's device is
+# open (its UDP socket on $srv_ip) and a moment more for its listener.
+wait_cm() { # server-pid
+  if ! command -v ss >/dev/null; then sleep 1; return; fi
+  for _ in $(seq 200); do
+    ss -Hlun "sport = :$SOFTRDMA_PORT" | grep -q "$srv_ip:" && { sleep 0.2; return; }
+    kill -0 "$1" 2>/dev/null || return
+    sleep 0.05
+  done
+}
+
 # The headline figure of a run: the pingpongs' usec/iter, ucx_perftest's final line,
 # perftest's last table row.
 figure() {
   if grep -q "^Final:" "$1"; then
     grep "^Final:" "$1" | tail -1 | awk '{printf "%s us avg, %s MB/s", $4, $6}'
+  elif grep -q "usec per round trip" "$1"; then
+    grep "usec per round trip" "$1" | tail -1 | sed 's/.*: //'
   elif grep -q "usec/iter" "$1"; then
     grep "usec/iter" "$1" | tail -1 | sed 's/.*= //'
   else
@@ -177,6 +190,50 @@ pair "ib_write_bw/perf" "C server, Rust client" $(on $srv_ip ib_write_bw -p @POR
 # shellcheck disable=SC2086
 pair "perf/ib_send_lat" "Rust server, C client" $softrdma perf send_lat -d $srv_ip -p @PORT@ -n 2000 :: \
   $(on $cli_ip ib_send_lat -p @PORT@ -n 2000 $srv_ip)
+
+# ---- rdma_cm: rdmacm-utils, perftest -R, the tutorial's programs ------------------------
+# The servers listen on the rdma_cm port @PORT@ (udaddy: its fixed 7174; rping, ucmatose and udaddy bind their
+# address; perftest and rdma_server listen on a wildcard address, which takes --bind's).
+cm_pair() { wait_mode=cm pair "$@"; }
+pings=100
+# shellcheck disable=SC2086
+cm_pair rping "-s/-c -C $pings -v" $(on $srv_ip rping -s -a $srv_ip -p @PORT@ -C $pings -v) :: \
+  $(on $cli_ip rping -c -a $srv_ip -p @PORT@ -C $pings -v)
+n=$(grep -c "^ping data: rdma-ping-" "$last_client_log")
+if [ "$n" = $pings ]; then
+  record rping "client prints $pings ping lines" "ok"
+else
+  record rping "client prints $pings ping lines" "FAIL ($n)"
+fi
+# shellcheck disable=SC2086
+cm_pair ucmatose "-c 10 -C 100" $(on $srv_ip ucmatose -b $srv_ip -p @PORT@ -c 10 -C 100) :: \
+  $(on $cli_ip ucmatose -s $srv_ip -b $cli_ip -p @PORT@ -c 10 -C 100)
+# shellcheck disable=SC2086
+cm_pair udaddy "-c 5 -C 100" $(on $srv_ip udaddy -b $srv_ip -c 5 -C 100) :: \
+  $(on $cli_ip udaddy -s $srv_ip -b $cli_ip -c 5 -C 100)
+# shellcheck disable=SC2086
+cm_pair rdma_server "rdma_client" $(on $srv_ip rdma_server -p @PORT@) :: $(on $cli_ip rdma_client -s $srv_ip -p @PORT@)
+for prog in ib_send_bw ib_write_bw ib_send_lat; do
+  # shellcheck disable=SC2086
+  cm_pair $prog "-R ${iters[*]}" $(on $srv_ip $prog -R -p @PORT@ ${iters[@]}) :: \
+    $(on $cli_ip $prog -R -p @PORT@ ${iters[@]} $srv_ip)
+done
+# Mixed pairs: Debian's rping on the C library against softrdma rping on the Rust API.
+# shellcheck disable=SC2086
+cm_pair "rping/softrdma" "C server, Rust client" $(on $srv_ip rping -s -a $srv_ip -p @PORT@ -C $pings) :: \
+  $softrdma rping -c -a $srv_ip -p @PORT@ -C $pings
+# shellcheck disable=SC2086
+cm_pair "softrdma/rping" "Rust server, C client" $softrdma rping -s -a $srv_ip -p @PORT@ -C $pings :: \
+  $(on $cli_ip rping -c -a $srv_ip -p @PORT@ -C $pings)
+# The tutorial's client and server, built against Debian's headers and libraries.
+if cc -O2 -o "$logs/tutorial_server" examples/c/tutorial_server.c -lrdmacm -libverbs &&
+  cc -O2 -o "$logs/tutorial_client" examples/c/tutorial_client.c -lrdmacm -libverbs; then
+  # shellcheck disable=SC2086
+  cm_pair tutorial_server "-n 2000 -c 2 (two clients)" $(on $srv_ip "$logs/tutorial_server" -a $srv_ip -p @PORT@ -n 2000 -c 2) :: \
+    bash -c "$(on $cli_ip "$logs/tutorial_client" -a $srv_ip -b $cli_ip -p @PORT@ -n 2000) && $(on $cli_ip "$logs/tutorial_client" -a $srv_ip -b $cli_ip -p @PORT@ -n 2000)"
+else
+  record tutorial_server "" "FAIL (does not build: apt-get install librdmacm-dev)"
+fi
 
 # ---- UCX -------------------------------------------------------------------------------
 # UCX lists a device only if /dev/infiniband/<dev_name> exists; softrdma exec provides it
