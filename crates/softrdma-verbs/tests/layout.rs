@@ -195,6 +195,52 @@ fn items() -> Vec<Item> {
     v
 }
 
+/// librdmacm's structures (`<rdma/rdma_cma.h>`): `rdma_cm_id` and the events are read by
+/// programs directly and by `rdma_verbs.h`'s inline functions.
+fn rdmacm_items() -> Vec<Item> {
+    let mut v = layout! {
+        rdma_event_channel { fd }
+        rdma_ib_addr { sgid, dgid, pkey }
+        rdma_route { addr, path_rec, num_paths }
+        rdma_cm_id {
+            verbs, channel, context, qp, route, ps, port_num, event, send_cq_channel, send_cq,
+            recv_cq_channel, recv_cq, srq, pd, qp_type,
+        }
+        rdma_conn_param {
+            private_data, private_data_len, responder_resources, initiator_depth, flow_control,
+            retry_count, rnr_retry_count, srq, qp_num,
+        }
+        rdma_ud_param { private_data, private_data_len, ah_attr, qp_num, qkey }
+        rdma_cm_event { id, listen_id, event, status, param }
+        rdma_addrinfo {
+            ai_flags, ai_family, ai_qp_type, ai_port_space, ai_src_len, ai_dst_len, ai_src_addr,
+            ai_dst_addr, ai_src_canonname, ai_dst_canonname, ai_route_len, ai_route, ai_connect_len,
+            ai_connect, ai_next,
+        }
+        ibv_sa_path_rec { dgid, sgid }
+    };
+    // The address unions, by their C member names.
+    v.push(Item::Size("rdma_addr", size_of::<rdma_addr>()));
+    v.push(Item::Field("rdma_addr", "src_storage", offset_of!(rdma_addr, src_addr), 128));
+    v.push(Item::Field("rdma_addr", "dst_storage", offset_of!(rdma_addr, dst_addr), 128));
+    v.push(Item::Field("rdma_addr", "addr.ibaddr", offset_of!(rdma_addr, ibaddr), size_of::<rdma_ib_addr>()));
+    let route = offset_of!(rdma_cm_id, route);
+    v.push(Item::Field("rdma_cm_id", "route.addr.src_storage", route + offset_of!(rdma_addr, src_addr), 128));
+    v.push(Item::Field("rdma_cm_id", "route.addr.dst_storage", route + offset_of!(rdma_addr, dst_addr), 128));
+    let param = offset_of!(rdma_cm_event, param);
+    for (path, off, size) in [
+        ("param.conn.private_data", offset_of!(rdma_conn_param, private_data), 8),
+        ("param.conn.private_data_len", offset_of!(rdma_conn_param, private_data_len), 1),
+        ("param.conn.qp_num", offset_of!(rdma_conn_param, qp_num), 4),
+        ("param.ud.ah_attr", offset_of!(rdma_ud_param, ah_attr), size_of::<ibv_ah_attr>()),
+        ("param.ud.qp_num", offset_of!(rdma_ud_param, qp_num), 4),
+        ("param.ud.qkey", offset_of!(rdma_ud_param, qkey), 4),
+    ] {
+        v.push(Item::Field("rdma_cm_event", path, param + off, size));
+    }
+    v
+}
+
 /// `union` for the C unions mirrored as Rust structures, `struct` for the rest.
 fn tag(name: &str) -> &'static str {
     if name == "ibv_gid" {
@@ -211,8 +257,17 @@ fn structures_match_the_real_header() {
         eprintln!("skipped: /usr/include/infiniband/verbs.h missing (apt-get install libibverbs-dev)");
         return;
     }
-    let items = items();
-    let mut c = String::from(
+    let mut items = items();
+    let verbs_only = items.len();
+    let cm_header = std::path::Path::new("/usr/include/rdma/rdma_cma.h").exists();
+    if cm_header {
+        items.extend(rdmacm_items());
+    } else {
+        assert!(std::env::var_os("CI").is_none(), "CI needs librdmacm-dev for the layout test");
+        eprintln!("librdmacm's structures skipped: /usr/include/rdma/rdma_cma.h missing (apt-get install librdmacm-dev)");
+    }
+    let mut c = String::from(if cm_header { "#include <rdma/rdma_cma.h>\n" } else { "" });
+    c.push_str(
         "#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\n\
          #define F(t, s, f) printf(\"%s.%s %zu %zu\\n\", #s, #f, offsetof(t s, f), sizeof(((t s *)0)->f))\n\
          int main(void) {\n",
@@ -248,5 +303,10 @@ fn structures_match_the_real_header() {
     }
     let _ = std::fs::remove_dir_all(&dir);
     assert!(wrong.is_empty(), "layouts differ:\n{}", wrong.join("\n"));
-    assert!(items.len() > 200, "{} items checked", items.len());
+    assert!(verbs_only > 200, "{verbs_only} verbs items checked");
+    assert!(
+        !cm_header || items.len() > verbs_only + 60,
+        "{} librdmacm items checked",
+        items.len() - verbs_only
+    );
 }

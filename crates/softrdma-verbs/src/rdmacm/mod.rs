@@ -637,13 +637,13 @@ struct Ev {
 }
 
 fn ah_attr_of(peer: IpAddr, sgid_index: u8) -> ibv_ah_attr {
-    let mut ah = ibv_ah_attr::default();
-    ah.is_global = 1;
-    ah.port_num = 1;
-    ah.grh.dgid.raw = gid_of(peer);
-    ah.grh.sgid_index = sgid_index;
-    ah.grh.hop_limit = 64;
-    ah
+    let grh = ibv_global_route {
+        dgid: ibv_gid { raw: gid_of(peer) },
+        sgid_index,
+        hop_limit: 64,
+        ..Default::default()
+    };
+    ibv_ah_attr { grh, is_global: 1, port_num: 1, ..Default::default() }
 }
 
 /// Turns a runtime event into a C one; `None` if its ID is gone.
