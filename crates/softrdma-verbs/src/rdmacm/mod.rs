@@ -39,7 +39,7 @@ use crate::abi::*;
 use crate::{guard, nonblocking, set_errno, Ctx};
 
 pub mod addrinfo;
-mod stubs;
+pub mod stubs;
 
 // ---- Shared state -----------------------------------------------------------------------
 
