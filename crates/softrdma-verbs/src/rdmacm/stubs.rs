@@ -45,6 +45,7 @@ pub unsafe extern "C" fn rdma_create_srq_ex(_id: *mut rdma_cm_id, _attr: *mut c_
 
 /// `struct ibv_ece`: vendor_id, options, comp_mask.
 #[repr(C)]
+#[derive(Debug)]
 pub struct ibv_ece {
     pub vendor_id: u32,
     pub options: u32,
