@@ -476,3 +476,23 @@ fn events_arrive_through_the_async_stream() {
         Poll::Pending => panic!("the event waits"),
     }
 }
+
+/// `destroy` frees the ID's port at once, even while another handle (an event being
+/// delivered, say) still names the ID: perftest -R destroys its control listener and binds
+/// the same port again straight away.
+#[test]
+fn a_destroyed_listener_frees_its_port_at_once() {
+    let ch = EventChannel::new().unwrap();
+    let at = SocketAddr::new(ip([127, 0, 6, 18]), 7481);
+    let first = CmId::new(&ch, PortSpace::Tcp);
+    first.bind_addr(at).unwrap();
+    first.listen(4).unwrap();
+    let lingering = first.clone();
+    drop(first);
+    let second = CmId::new(&ch, PortSpace::Tcp);
+    assert_eq!(second.bind_addr(at).unwrap_err().errno(), libc::EADDRINUSE, "a handle keeps the port");
+    lingering.destroy();
+    second.bind_addr(at).unwrap();
+    second.listen(4).unwrap();
+    assert!(lingering.listen(4).is_err(), "a destroyed ID does nothing more");
+}

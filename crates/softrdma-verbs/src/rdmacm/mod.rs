@@ -355,6 +355,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         if let Ok(sink) = EventChannel::new() {
             rt.migrate(&sink);
         }
+        rt.destroy();
         drop(rt);
         if i.sync && !i.ibv.channel.is_null() {
             // SAFETY: the ID's own channel.

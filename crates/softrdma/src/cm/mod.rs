@@ -534,6 +534,20 @@ impl CmId {
         Arc::as_ptr(&self.inner) as usize
     }
 
+    /// Destroys the ID now (`rdma_destroy_id`), whatever handles remain: it stops
+    /// listening, ends its connection and frees its port at once, so that the port can be
+    /// bound again before the last handle (an event being delivered, say) is dropped.
+    /// The remaining handles name an idle ID that can do nothing more.
+    pub fn destroy(&self) {
+        let (ending, qp) = {
+            let mut st = self.st();
+            st.phase = Phase::Disconnected;
+            (Teardown::take(&mut st), st.qp.take())
+        };
+        ending.run();
+        drop(qp);
+    }
+
     /// Whether two handles name the same ID.
     pub fn same(&self, other: &CmId) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
@@ -1295,16 +1309,45 @@ impl CmId {
 
 impl Drop for IdInner {
     fn drop(&mut self) {
-        let st = self.st.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(sid) = st.listening.take() {
-            for c in &st.ctxs {
+        teardown(self.st.get_mut().unwrap_or_else(|p| p.into_inner()));
+    }
+}
+
+/// Ends what an ID holds: its listens, its connection (a DREQ, or a REJ for a request not
+/// answered) and its port.
+fn teardown(st: &mut IdState) {
+    Teardown::take(st).run();
+}
+
+/// What [`teardown`] ends, taken out of the ID's state so that the engine is called with
+/// the ID unlocked (the engine hands out events, maybe to this ID).
+struct Teardown {
+    listening: Option<u64>,
+    comm: Option<CommId>,
+    ctxs: Vec<Context>,
+    reserved: Option<(IpAddr, u16, u16)>,
+}
+
+impl Teardown {
+    fn take(st: &mut IdState) -> Teardown {
+        Teardown {
+            listening: st.listening.take(),
+            comm: st.comm.take(),
+            ctxs: st.ctxs.clone(),
+            reserved: st.reserved.take(),
+        }
+    }
+
+    fn run(self) {
+        if let Some(sid) = self.listening {
+            for c in &self.ctxs {
                 c.inner.engine.cm_unlisten(sid);
             }
         }
-        if let (Some(comm), Some(ctx)) = (st.comm.take(), st.ctxs.first()) {
+        if let (Some(comm), Some(ctx)) = (self.comm, self.ctxs.first()) {
             ctx.inner.engine.cm_destroy(comm);
         }
-        if let Some(key) = st.reserved.take() {
+        if let Some(key) = self.reserved {
             lock(ports()).remove(&key);
         }
     }
