@@ -218,6 +218,19 @@ for prog in ib_send_bw ib_write_bw ib_send_lat; do
   cm_pair $prog "-R ${iters[*]}" $(on $srv_ip $prog -R -p @PORT@ ${iters[@]}) :: \
     $(on $cli_ip $prog -R -p @PORT@ ${iters[@]} $srv_ip)
 done
+# Mixed pairs: perftest -R on the C library against softrdma perf -R on the Rust API.
+# shellcheck disable=SC2086
+cm_pair "ib_send_bw/perf" "-R, C server, Rust client" $(on $srv_ip ib_send_bw -R -p @PORT@ -n 2000) :: \
+  $softrdma perf send_bw -R -d $cli_ip -p @PORT@ -n 2000 $srv_ip
+# shellcheck disable=SC2086
+cm_pair "perf/ib_write_bw" "-R, Rust server, C client" $softrdma perf write_bw -R -d $srv_ip -p @PORT@ -n 2000 :: \
+  $(on $cli_ip ib_write_bw -R -p @PORT@ -n 2000 $srv_ip)
+# shellcheck disable=SC2086
+cm_pair "ib_write_bw/perf" "-R, C server, Rust client" $(on $srv_ip ib_write_bw -R -p @PORT@ -n 2000) :: \
+  $softrdma perf write_bw -R -d $cli_ip -p @PORT@ -n 2000 $srv_ip
+# shellcheck disable=SC2086
+cm_pair "perf/ib_send_lat" "-R, Rust server, C client" $softrdma perf send_lat -R -d $srv_ip -p @PORT@ -n 2000 :: \
+  $(on $cli_ip ib_send_lat -R -p @PORT@ -n 2000 $srv_ip)
 # Mixed pairs: Debian's rping on the C library against softrdma rping on the Rust API.
 # shellcheck disable=SC2086
 cm_pair "rping/softrdma" "C server, Rust client" $(on $srv_ip rping -s -a $srv_ip -p @PORT@ -C $pings) :: \

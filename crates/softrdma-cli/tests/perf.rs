@@ -90,6 +90,30 @@ fn several_queue_pairs_share_the_bandwidth_tests() {
 }
 
 #[test]
+fn rdma_cm_mode_connects_through_the_connection_manager() {
+    // -R: the exchange over an rdma_cm connection, the QPs connected by the CM (READ and
+    // atomics with responder resources), several QPs on one listener.
+    for test in ["write_bw", "send_bw", "read_bw", "atomic_bw"] {
+        let out = run(&[test, "-R", "-q", "2", "-n", "300", "-s", "4096"]);
+        assert!(out.contains(" rdma_cm QPs\t : ON") && out.contains(" Data ex. method : rdma_cm"), "{out}");
+        assert_eq!(out.matches(" remote address: LID 0000 QPN ").count(), 2, "{out}");
+        let size = if test == "atomic_bw" { "8" } else { "4096" };
+        let row = out.lines().find(|l| l.trim_start().starts_with(size)).unwrap_or_else(|| panic!("{out}"));
+        let cols: Vec<f64> = row.split_whitespace().map(|c| c.parse().unwrap()).collect();
+        assert_eq!(cols[1], 300.0, "{row}");
+        assert!(cols[3] > 0.0, "{row}");
+    }
+    for test in ["send_lat", "write_lat", "read_lat"] {
+        let out = run(&[test, "-R", "-n", "200", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert_eq!(v["iterations"], 200, "{test}: {out}");
+    }
+    let out = Command::new(BIN).args(["perf", "send_bw", "-R", "-c", "UD", "--local"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("-R connects RC QPs only"));
+}
+
+#[test]
 fn ud_send_bw_ends_when_messages_outrun_the_receive_queue() {
     // 3,000 messages against 64 posted receives: UD drops what finds none, and the server
     // must still end when the client's results arrive.

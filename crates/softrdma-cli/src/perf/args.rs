@@ -145,6 +145,10 @@ pub struct PerfArgs {
     /// Run the server too, as a second process on loopback.
     #[arg(long)]
     pub local: bool,
+    /// Connect through the connection manager (perftest's rdma_cm mode): the exchange runs
+    /// over an RC connection on rdma_cm port -p, and the QPs are connected by the CM.
+    #[arg(short = 'R', long = "rdma_cm")]
+    pub rdma_cm: bool,
 }
 
 /// Most queue pairs one run opens (`-q`).
@@ -163,6 +167,9 @@ pub(super) fn check(args: &PerfArgs) -> Result<(), Fail> {
     }
     if args.connection == Conn::Ud && !args.test.is_send() {
         return Err("UD supports only the send tests".into());
+    }
+    if args.rdma_cm && args.connection == Conn::Ud {
+        return Err("-R connects RC QPs only (UD over rdma_cm is not supported)".into());
     }
     Ok(())
 }
@@ -216,7 +223,8 @@ pub(super) fn server_flags(a: &PerfArgs) -> Vec<String> {
     if let Some(m) = a.mtu {
         v.extend(["-m".into(), m.to_string()]);
     }
-    for (on, flag) in [(a.all, "-a"), (a.events, "-e"), (a.report_gbits, "--report_gbits")] {
+    for (on, flag) in [(a.all, "-a"), (a.events, "-e"), (a.report_gbits, "--report_gbits"), (a.rdma_cm, "-R")]
+    {
         if on {
             v.push(flag.into());
         }
@@ -250,5 +258,6 @@ pub(super) fn clone_args(a: &PerfArgs) -> PerfArgs {
         cpu_util: a.cpu_util,
         json: a.json,
         local: a.local,
+        rdma_cm: a.rdma_cm,
     }
 }

@@ -26,6 +26,7 @@ use run::cpu_times;
 use setup::Session;
 
 mod args;
+mod cm;
 mod perftest;
 mod report;
 mod run;
@@ -54,11 +55,18 @@ fn perf(args: &PerfArgs) -> Result<(), Fail> {
     if args.local {
         return local(args);
     }
-    let ctx = setup::open(args)?;
+    // With -R the control connection comes first: its device is the benchmark's.
+    let (ctx, control) = if args.rdma_cm {
+        perftest::announce(args);
+        let c = cm::Control::connect(args)?;
+        (c.context()?, Some(c))
+    } else {
+        (setup::open(args)?, None)
+    };
     let sizes = args::sizes(args, ctx.device().active_mtu().bytes() as usize)?;
     let max = *sizes.iter().max().unwrap_or(&8);
     let mut s = Session::new(args, ctx, max)?;
-    let mut stream = s.exchange()?;
+    let mut stream = s.exchange(control)?;
     s.header();
     report::columns(args);
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -106,7 +114,8 @@ fn local(args: &PerfArgs) -> Result<(), Fail> {
     let client = PerfArgs {
         local: false,
         device: Some("127.0.0.3".into()),
-        host: Some("127.0.0.1".into()),
+        // The server's device address: the connection manager (-R) reaches it there.
+        host: Some("127.0.0.2".into()),
         ..args::clone_args(args)
     };
     let r = perf(&client);

@@ -1,5 +1,6 @@
-//! perftest's TCP exchange: the version string, cycle buffer, cache line and MTU, the
-//! 108-byte key message of each QP, the barriers, the BW report's five fields, and `done`.
+//! perftest's exchange: the version string, cycle buffer, cache line and MTU, the
+//! 108-byte key message of each QP, the barriers, the BW report's five fields, and `done`;
+//! over TCP, or with `-R` over an rdma_cm connection ([`super::cm`]).
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -8,6 +9,7 @@ use std::time::Duration;
 use softrdma::{EndpointInfo, Mtu, RemoteRegion};
 
 use super::args::{PerfArgs, Test};
+use super::cm::{self, Control};
 use super::run::Measured;
 use super::setup::Session;
 use super::{Fail, CYCLE_BUFFER};
@@ -15,13 +17,69 @@ use crate::exchange;
 
 const VERSION: &[u8; 16] = b"6.06\0\0\0\0\0\0\0\0\0\0\0\0";
 
+/// The channel of perftest's exchange.
+pub(super) enum Ctrl {
+    Tcp(TcpStream),
+    Cm(Control),
+}
+
+impl Ctrl {
+    /// Sends `msg` and receives the peer's message of the same length (the client speaks
+    /// first).
+    fn swap(&mut self, client: bool, msg: &[u8]) -> Result<Vec<u8>, Fail> {
+        match self {
+            Ctrl::Tcp(s) => swap(s, client, msg),
+            Ctrl::Cm(c) => c.swap(client, msg),
+        }
+    }
+
+    /// Whether the peer's next message (or, on TCP, its leaving) is waiting; never blocks.
+    pub(super) fn message_waiting(&mut self) -> Result<bool, Fail> {
+        match self {
+            Ctrl::Tcp(s) => {
+                s.set_nonblocking(true).map_err(|e| e.to_string())?;
+                let r = match s.peek(&mut [0u8; 1]) {
+                    Ok(_) => Ok(true), // the message, or the peer gone (0)
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+                    Err(e) => Err(e.to_string()),
+                };
+                s.set_nonblocking(false).map_err(|e| e.to_string())?;
+                r
+            }
+            Ctrl::Cm(c) => Ok(c.message_waiting()),
+        }
+    }
+}
+
+/// The server's announcement while it waits for a client, as perftest prints it.
+pub(super) fn announce(args: &PerfArgs) {
+    if args.host.is_none() && !args.json {
+        println!("\n************************************\n* Waiting for client to connect... *\n************************************");
+    }
+}
+
 impl Session<'_> {
-    /// perftest's exchange: version, cycle buffer, cache line, MTU, then the QP message.
-    pub(super) fn exchange(&mut self) -> Result<TcpStream, Fail> {
+    /// perftest's exchange: version, cycle buffer, cache line, MTU, then the QP message;
+    /// over `control` when the connection manager made one (`-R`), else over TCP.
+    pub(super) fn exchange(&mut self, control: Option<Control>) -> Result<Ctrl, Fail> {
         let args = self.args;
-        let mut s = connect(args)?;
-        let mtu_enum =
-            [256u32, 512, 1024, 2048, 4096].iter().position(|&m| m == self.mine[0].mtu).map_or(3, |p| p + 1);
+        let mut s = match control {
+            Some(c) => Ctrl::Cm(c),
+            None => {
+                announce(args);
+                Ctrl::Tcp(exchange::connect_or_accept(
+                    args.host.as_deref(),
+                    args.port,
+                    Duration::from_secs(15),
+                )?)
+            }
+        };
+        // Our QPs' MTU (with -R they do not exist yet: the port's, as perftest's set_mtu).
+        let my_mtu = self.mine.first().map_or_else(
+            || self.ctx.device().active_mtu().bytes().min(args.mtu.unwrap_or(u32::MAX)),
+            |e| e.mtu,
+        );
+        let mtu_enum = [256u32, 512, 1024, 2048, 4096].iter().position(|&m| m == my_mtu).map_or(3, |p| p + 1);
         let mut msgs: Vec<Vec<u8>> = vec![
             VERSION.to_vec(),
             (CYCLE_BUFFER as u32).to_be_bytes().to_vec(),
@@ -30,7 +88,7 @@ impl Session<'_> {
         msgs.push(vec![b'0' + mtu_enum as u8, 0]);
         let mut theirs_mtu = mtu_enum;
         for (i, m) in msgs.iter().enumerate() {
-            let got = swap(&mut s, self.client, m)?;
+            let got = s.swap(self.client, m)?;
             if i == 0 && !got.starts_with(b"6.") {
                 return Err("the peer is not a perftest-compatible benchmark".into());
             }
@@ -41,9 +99,16 @@ impl Session<'_> {
         let mtu = [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096]
             .get(mtu_enum.min(theirs_mtu).clamp(1, 5) - 1)
             .copied();
+        if args.rdma_cm {
+            // perftest swaps a message before and after the CM connects the QPs.
+            s.swap(self.client, &[0; cm::DEST_LEN])?;
+            self.connect_cm()?;
+            s.swap(self.client, &[0; cm::DEST_LEN])?;
+        }
         // One message per QP, in order: the peer's i-th QP is the partner of our i-th.
-        for mine in &self.mine {
-            let theirs = parse_key_message(&swap(&mut s, self.client, &key_message(mine))?)?;
+        for k in 0..self.mine.len() {
+            let got = s.swap(self.client, &self.key_of(k))?;
+            let theirs = if args.rdma_cm { cm::parse_dest_message(&got)? } else { parse_key_message(&got)? };
             self.theirs.push(EndpointInfo {
                 addr: SocketAddr::new(theirs.0, softrdma::default_port()),
                 qpn: theirs.1,
@@ -52,32 +117,53 @@ impl Session<'_> {
                 region: Some(RemoteRegion { addr: theirs.4, len: u64::MAX, rkey: theirs.3 }),
             });
         }
-        self.connect_qps(mtu)?;
+        if args.rdma_cm {
+            self.remote = self.theirs.first().and_then(|t| t.region);
+        } else {
+            self.connect_qps(mtu)?;
+        }
         // perftest repeats the first message as a barrier once all QPs are ready, and once
         // more except in the one-sided BW tests.
-        swap(&mut s, self.client, &self.key())?;
+        s.swap(self.client, &self.key())?;
         if self.args.test.is_send() || !self.args.test.is_bw() {
-            swap(&mut s, self.client, &self.key())?;
+            s.swap(self.client, &self.key())?;
         }
         Ok(s)
     }
 
+    /// The message of our `k`-th QP: text over TCP, perftest's structure over rdma_cm.
+    fn key_of(&self, k: usize) -> Vec<u8> {
+        if self.args.rdma_cm {
+            cm::dest_message(&self.mine[k], self.ctx.device().gid_index)
+        } else {
+            key_message(&self.mine[k])
+        }
+    }
+
     /// The message of our first QP, which perftest swaps as a barrier.
     fn key(&self) -> Vec<u8> {
-        key_message(&self.mine[0])
+        self.key_of(0)
     }
 
     /// perftest's barrier before each run: the first QP's message again.
-    pub(super) fn barrier(&self, stream: &mut TcpStream) -> Result<(), Fail> {
-        swap(stream, self.client, &self.key()).map(drop)
+    pub(super) fn barrier(&self, ctrl: &mut Ctrl) -> Result<(), Fail> {
+        ctrl.swap(self.client, &self.key()).map(drop)
     }
 
-    /// perftest's goodbye: the message once more, then "done" from the server first; its
-    /// write_lat just closes the connection.
-    pub(super) fn goodbye(&self, stream: &mut TcpStream) -> Result<(), Fail> {
+    /// perftest's goodbye: the message once more, then (over TCP) "done" from the server
+    /// first; its write_lat just closes the connection. With `-R` the client then
+    /// disconnects the benchmark's connections.
+    pub(super) fn goodbye(&mut self, ctrl: &mut Ctrl) -> Result<(), Fail> {
         if self.args.test != Test::WriteLat {
-            swap(stream, self.client, &self.key())?;
-            swap(stream, !self.client, b"done\0")?;
+            ctrl.swap(self.client, &self.key())?;
+            if let Ctrl::Tcp(_) = ctrl {
+                ctrl.swap(!self.client, b"done\0")?;
+            }
+        }
+        if let Some(conns) = self.cm.take() {
+            if self.client {
+                conns.disconnect();
+            }
         }
         Ok(())
     }
@@ -85,8 +171,8 @@ impl Session<'_> {
     /// perftest's BW report after each run: a barrier, then five 8-byte big-endian fields
     /// (size, iterations, peak MiB/s, average MiB/s, message rate in Mpps), each sent by the
     /// client and answered by the server. Returns the client's numbers on both sides.
-    pub(super) fn report(&self, stream: &mut TcpStream, size: usize, m: Measured) -> Result<Measured, Fail> {
-        swap(stream, self.client, &self.key())?;
+    pub(super) fn report(&self, ctrl: &mut Ctrl, size: usize, m: Measured) -> Result<Measured, Fail> {
+        ctrl.swap(self.client, &self.key())?;
         const MIB: f64 = 1_048_576.0;
         let rate = if size == 0 { 0.0 } else { m.bw_avg / size as f64 / 1e6 };
         let mine: [u64; 5] = if self.client {
@@ -96,7 +182,7 @@ impl Session<'_> {
         };
         let mut got = [0u64; 5];
         for (g, v) in got.iter_mut().zip(mine) {
-            let b = swap(stream, self.client, &v.to_be_bytes())?;
+            let b = ctrl.swap(self.client, &v.to_be_bytes())?;
             *g = u64::from_be_bytes(b.try_into().map_err(|_| "short report")?);
         }
         if self.client {
@@ -108,15 +194,6 @@ impl Session<'_> {
         let f = |bits: u64| f64::from_bits(bits) * MIB;
         Ok(Measured { iters: got[1], bw_peak: f(got[2]), bw_avg: f(got[3]), lat: Vec::new() })
     }
-}
-
-/// The client connects to the server (which may not be listening yet); the server
-/// announces that it waits, as perftest does, and accepts.
-fn connect(args: &PerfArgs) -> Result<TcpStream, Fail> {
-    if args.host.is_none() && !args.json {
-        println!("\n************************************\n* Waiting for client to connect... *\n************************************");
-    }
-    exchange::connect_or_accept(args.host.as_deref(), args.port, Duration::from_secs(15))
 }
 
 /// Sends `msg` and receives the peer's message of the same length (the client speaks

@@ -104,8 +104,9 @@ impl Session<'_> {
         println!(" Link type       : Ethernet");
         println!(" GID index       : {}", d.gid_index);
         println!(" Max inline data : {}[B]", a.inline);
-        println!(" rdma_cm QPs\t : OFF");
-        println!(" Data ex. method : Ethernet");
+        let (cm, method) = if a.rdma_cm { ("ON", "rdma_cm") } else { ("OFF", "Ethernet") };
+        println!(" rdma_cm QPs\t : {cm}");
+        println!(" Data ex. method : {method}");
         println!("{LINE}");
         let gid =
             |a: IpAddr| softrdma::gid_of(a).iter().map(|b| format!("{b:02}")).collect::<Vec<_>>().join(":");

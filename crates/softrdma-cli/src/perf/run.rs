@@ -1,6 +1,5 @@
 //! The run loops of the eight benchmarks, client and server side, and what they measure.
 
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -9,6 +8,7 @@ use softrdma::{
 };
 
 use super::args::{Conn, Test};
+use super::perftest::Ctrl;
 use super::setup::Session;
 use super::{Fail, CQ_MOD};
 
@@ -75,7 +75,7 @@ impl Session<'_> {
     }
 
     fn qp(&self, q: usize) -> Result<&QueuePair, Fail> {
-        self.qps.get(q).ok_or_else(|| "not connected".into())
+        self.qps.get(q).map(|q| &**q).ok_or_else(|| "not connected".into())
     }
 
     fn op(&self, size: usize) -> SendOp {
@@ -242,7 +242,7 @@ impl Session<'_> {
         }
     }
 
-    pub(super) fn run_server(&mut self, size: usize, stream: &mut TcpStream) -> Result<Measured, Fail> {
+    pub(super) fn run_server(&mut self, size: usize, ctrl: &mut Ctrl) -> Result<Measured, Fail> {
         let iters = self.iters();
         match self.args.test {
             // The server's latency is half the time between two arrivals (a round trip).
@@ -280,8 +280,6 @@ impl Session<'_> {
             // A duration run, or UD, which drops what finds no receive posted: receive
             // until the client's results arrive.
             Test::SendBw => {
-                stream.set_nonblocking(true).map_err(|e| e.to_string())?;
-                let mut peek = [0u8; 1];
                 let mut got = Received::default();
                 loop {
                     if let Some(wc) = self.cq.poll_one() {
@@ -291,13 +289,10 @@ impl Session<'_> {
                         }
                         continue;
                     }
-                    match stream.peek(&mut peek) {
-                        Ok(_) => break, // the results, or the client gone (0)
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Err(e.to_string()),
+                    if ctrl.message_waiting()? {
+                        break;
                     }
                 }
-                stream.set_nonblocking(false).map_err(|e| e.to_string())?;
                 return Ok(got.measured(size, self.qps.len()));
             }
             // One-sided tests: the server has nothing to do; its progress thread answers.

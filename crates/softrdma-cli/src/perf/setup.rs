@@ -2,13 +2,15 @@
 //! queue, memory region and queue pairs, and connecting them to the peer's.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 
 use softrdma::{
     Access, CompletionChannel, CompletionQueue, ConnectOptions, Context, EndpointInfo, MemoryRegion, Mtu,
-    Qkey, QpBuilder, QpCaps, QueuePair, RecvWr, RemoteRegion, UdDest,
+    ProtectionDomain, Qkey, QpBuilder, QpCaps, QueuePair, RecvWr, RemoteRegion, UdDest,
 };
 
 use super::args::{Conn, PerfArgs};
+use super::cm::DataConns;
 use super::{Fail, CYCLE_BUFFER};
 
 const QKEY: Qkey = Qkey(0x1111_1111);
@@ -33,8 +35,12 @@ pub(super) struct Session<'a> {
     pub(super) cq: CompletionQueue,
     pub(super) channel: Option<CompletionChannel>,
     pub(super) mr: MemoryRegion,
+    pd: ProtectionDomain,
+    builder: QpBuilder,
     /// The connected queue pairs (`-q` of them), once the exchange is over.
-    pub(super) qps: Vec<QueuePair>,
+    pub(super) qps: Vec<Arc<QueuePair>>,
+    /// With `-R`: the connection manager's IDs of the QPs.
+    pub(super) cm: Option<DataConns>,
     pub(super) prepared: Vec<softrdma::PreparedQp>,
     /// The peer's memory: one region behind all its QPs.
     pub(super) remote: Option<RemoteRegion>,
@@ -78,25 +84,6 @@ impl<'a> Session<'a> {
             ..QpCaps::default()
         };
         let b = if ud { QpBuilder::ud(QKEY) } else { QpBuilder::rc().access(access) }.caps(caps);
-        let mut prepared = Vec::with_capacity(nq);
-        let mut mine = Vec::with_capacity(nq);
-        for _ in 0..nq {
-            let p = pd.prepare_qp(&b, &cq, &cq).map_err(|e| e.to_string())?;
-            let mut e = p.endpoint();
-            if let Some(m) = args.mtu {
-                e.mtu = e.mtu.min(m);
-            }
-            // The peer's RDMA lands after our receive slots and local buffer; perftest, as
-            // peer, targets exactly what we advertise.
-            let r = mr.remote();
-            e.region = Some(RemoteRegion {
-                addr: r.addr + (buf * slots * nq + buf) as u64,
-                len: target as u64,
-                rkey: r.rkey,
-            });
-            prepared.push(p);
-            mine.push(e);
-        }
         let mut s = Session {
             args,
             ctx,
@@ -104,25 +91,78 @@ impl<'a> Session<'a> {
             cq,
             channel,
             mr,
+            pd,
+            builder: b,
             qps: Vec::new(),
-            prepared,
+            cm: None,
+            prepared: Vec::new(),
             remote: None,
             ud_dests: Vec::new(),
-            mine,
+            mine: Vec::new(),
             theirs: Vec::new(),
             buf,
             slots,
             local: buf * slots * nq,
             posted_recvs: vec![0; nq],
         };
-        if args.test.is_send() {
-            for q in 0..nq {
-                for _ in 0..args.rx_depth {
-                    s.post_recv(q)?;
+        // With -R the connection manager makes the QPs (`connect_cm`).
+        if !args.rdma_cm {
+            for _ in 0..nq {
+                let p = s.pd.prepare_qp(&s.builder, &s.cq, &s.cq).map_err(|e| e.to_string())?;
+                let mut e = p.endpoint();
+                if let Some(m) = args.mtu {
+                    e.mtu = e.mtu.min(m);
+                }
+                e.region = Some(s.target());
+                s.prepared.push(p);
+                s.mine.push(e);
+            }
+            s.post_recvs()?;
+        }
+        Ok(s)
+    }
+
+    /// The region the peer's RDMA targets: after our receive slots and local buffer;
+    /// perftest, as peer, targets exactly what we advertise.
+    fn target(&self) -> RemoteRegion {
+        let r = self.mr.remote();
+        let after = self.local + self.buf;
+        RemoteRegion { addr: r.addr + after as u64, len: r.len - after as u64, rkey: r.rkey }
+    }
+
+    /// Fills the receive queues of the send tests.
+    fn post_recvs(&mut self) -> Result<(), Fail> {
+        if self.args.test.is_send() {
+            for q in 0..self.posted_recvs.len() {
+                for _ in 0..self.args.rx_depth {
+                    self.post_recv(q)?;
                 }
             }
         }
-        Ok(s)
+        Ok(())
+    }
+
+    /// `-R`: connects the benchmark's QPs through the connection manager, which readies
+    /// them, and posts the receives.
+    pub(super) fn connect_cm(&mut self) -> Result<(), Fail> {
+        let (pd, cq, b) = (&self.pd, &self.cq, self.builder);
+        let (conns, qps) = DataConns::connect(self.args, self.posted_recvs.len(), |id| {
+            id.create_qp(pd, &b, cq, cq).map_err(|e| e.to_string())
+        })?;
+        let addr = self.ctx.local_addr();
+        for qp in &qps {
+            let (attr, _) = qp.query().map_err(|e| e.to_string())?;
+            self.mine.push(EndpointInfo {
+                addr,
+                qpn: qp.qpn().get(),
+                psn: attr.sq_psn.map_or(0, |p| p.get()),
+                mtu: attr.path_mtu.map_or(1024, |m| m.bytes()),
+                region: Some(self.target()),
+            });
+        }
+        self.qps = qps;
+        self.cm = Some(conns);
+        self.post_recvs()
     }
 
     /// Posts the next receive of QP `q` (into its next slot, round robin).
@@ -157,7 +197,7 @@ impl<'a> Session<'a> {
                 prepared.handshake(remote, &ConnectOptions { mtu, foreign_peer, ..ConnectOptions::default() })
             }
             .map_err(|e| e.to_string())?;
-            self.qps.push(qp);
+            self.qps.push(Arc::new(qp));
         }
         self.remote = self.theirs.first().and_then(|t| t.region);
         Ok(())
