@@ -51,7 +51,15 @@ pair() {
   local s_log=$logs/${name//\//_}.$tcp.server c_log=$logs/${name//\//_}.$tcp.client
   timeout 60 "${server[@]//@PORT@/$tcp}" >"$s_log" 2>&1 &
   local spid=$!
-  if [ "${wait_mode:-}" = cm ]; then wait_cm $spid; else wait_listening $tcp $spid; fi
+  kernel_tcp=
+  if [ "${wait_mode:-}" = cm ]; then
+    wait_cm $spid
+    # Whether the server listens on a kernel TCP port after all (an rsocket program that
+    # fell back to TCP).
+    if command -v ss >/dev/null; then ss -Hltn "sport = :$tcp" | grep -q . && kernel_tcp=yes || kernel_tcp=no; fi
+  else
+    wait_listening $tcp $spid
+  fi
   timeout 60 "${client[@]//@PORT@/$tcp}" >"$c_log" 2>&1
   local crc=$?
   last_client_log=$c_log
@@ -246,6 +254,42 @@ if cc -O2 -o "$logs/tutorial_server" examples/c/tutorial_server.c -lrdmacm -libv
     bash -c "$(on $cli_ip "$logs/tutorial_client" -a $srv_ip -b $cli_ip -p @PORT@ -n 2000) && $(on $cli_ip "$logs/tutorial_client" -a $srv_ip -b $cli_ip -p @PORT@ -n 2000)"
 else
   record tutorial_server "" "FAIL (does not build: apt-get install librdmacm-dev)"
+fi
+
+# ---- rsockets: rstream, riostream, and iperf3 under Debian's librspreload.so --------------
+# shellcheck disable=SC2086
+for topt in "" "-T v" "-T a" "-T n"; do
+  cm_pair rstream "-S 65536 -C 1000 $topt" $(on $srv_ip rstream -b $srv_ip -p @PORT@ -S 65536 -C 1000 $topt) :: \
+    $(on $cli_ip rstream -s $srv_ip -b $cli_ip -p @PORT@ -S 65536 -C 1000 $topt)
+done
+# shellcheck disable=SC2086
+cm_pair rstream "(every size, both tests)" $(on $srv_ip rstream -b $srv_ip -p @PORT@) :: \
+  $(on $cli_ip rstream -s $srv_ip -b $cli_ip -p @PORT@)
+# shellcheck disable=SC2086
+cm_pair riostream "-S 65536 -C 100 -T v" $(on $srv_ip riostream -b $srv_ip -p @PORT@ -S 65536 -C 100 -T v) :: \
+  $(on $cli_ip riostream -s $srv_ip -b $cli_ip -p @PORT@ -S 65536 -C 100 -T v)
+rspreload=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so
+if command -v iperf3 >/dev/null && [ -f $rspreload ]; then
+  # The same iperf3 run over the kernel's TCP and over rsockets, side by side.
+  iperf_pair() { # name prefix...
+    local name=$1
+    shift
+    pair "$name" "-t 3" "$@" iperf3 -s -B $srv_ip -p @PORT@ -1 :: "$@" iperf3 -c $srv_ip -B $cli_ip -p @PORT@ -t 3
+  }
+  iperf_pair iperf3 env
+  tcp_gbit=$(grep -E "sender$" "$last_client_log" | awk '{print $(NF-3)}')
+  # shellcheck disable=SC2046
+  wait_mode=cm iperf_pair "iperf3/rspreload" $(on $srv_ip env LD_PRELOAD=$rspreload)
+  rs_gbit=$(grep -E "sender$" "$last_client_log" | awk '{print $(NF-3)}')
+  # Over RDMA, not TCP: the rsocket server listened on no kernel TCP port.
+  if [ "$kernel_tcp" != yes ] && [ -n "$rs_gbit" ] && [ -n "$tcp_gbit" ]; then
+    record "iperf3/rspreload" "Gbit/s beside kernel TCP" "ok  $rs_gbit vs $tcp_gbit ($(awk -v a="$rs_gbit" -v b="$tcp_gbit" 'BEGIN {if (b > 0) printf "%.2f", a / b}'))"
+  else
+    record "iperf3/rspreload" "Gbit/s beside kernel TCP" "FAIL"
+  fi
+else
+  table+=("$(printf '%-18s %-34s %s' iperf3 "" "not installed (apt-get install iperf3)")")
+  [ -n "${CI:-}" ] && fail=$((fail + 1))
 fi
 
 # ---- UCX -------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ use crate::abi::*;
 use crate::{guard, nonblocking, set_errno, Ctx};
 
 pub mod addrinfo;
+pub mod rsocket;
 pub mod stubs;
 
 // ---- Shared state -----------------------------------------------------------------------
