@@ -335,3 +335,41 @@ fn connection_manager_captures_with_rxe_name_every_cm_message_in_order() {
         }
     }
 }
+
+#[test]
+fn rdma_cm_library_and_perf_r_captures_with_rxe_connect_through_the_cm_both_ways() {
+    // Debian's rping, ucmatose and ib_send_bw -R on the drop-in librdmacm.so.1, and
+    // `softrdma perf -R`, against the same tools on Linux rxe, each side as server
+    // (testdata/interop-rdmacm/README.md).
+    let files = pcaps("testdata/interop-rdmacm");
+    assert_eq!(files.len(), 10);
+    for f in &files {
+        let o = decode(&[f.as_path()], false);
+        assert_eq!(o.status.code(), Some(0), "{}", f.display());
+        assert_eq!(summary(&o).0, "300 packets, 300 icrc-ok, 0 icrc-bad, 0 malformed", "{}", f.display());
+        let out = stdout(&o);
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let us = "192.168.77.1:4791 > 192.168.77.11:4791";
+        let host_server = name.contains("host_srv");
+        // The client sends the REQs and RTUs, the server the REPs (and the REJ of a perftest
+        // data connection that came before rxe listened again).
+        let sent_by = |msg: &str, softrdma: bool| {
+            out.lines().filter(|l| l.contains(&format!("cm={msg} ")) && l.contains(us) == softrdma).count()
+        };
+        let conns = match &*name {
+            n if n.starts_with("rping") => 1,
+            n if n.starts_with("ucmatose") => 4,
+            _ => 2, // perftest -R: the exchange's connection and the benchmark's QP
+        };
+        assert_eq!(sent_by("REP", host_server), conns, "{name}: REPs from the server");
+        assert_eq!(sent_by("RTU", !host_server), conns, "{name}: RTUs from the client");
+        assert_eq!(
+            sent_by("REQ", !host_server),
+            conns + sent_by("REJ", host_server),
+            "{name}: REQs, retried after a REJ"
+        );
+        // Data crossed both ways on RC QPs after the handshake.
+        assert!(out.lines().any(|l| l.contains(us) && l.contains(" RC ")), "{name}: softrdma's RC packets");
+        assert!(out.lines().any(|l| l.contains("> 192.168.77.1:4791 RC ")), "{name}: rxe's RC packets");
+    }
+}
