@@ -104,6 +104,8 @@ figure() {
     grep "^Final:" "$1" | tail -1 | awk '{printf "%s us avg, %s MB/s", $4, $6}'
   elif grep -q "usec per round trip" "$1"; then
     grep "usec per round trip" "$1" | tail -1 | sed 's/.*: //'
+  elif grep -q "^name *bytes *xfers" "$1"; then
+    tail -1 "$1" | awk '{printf "%s Gb/s, %s usec/xfer", $(NF-1), $NF}'
   elif grep -q "usec/iter" "$1"; then
     grep "usec/iter" "$1" | tail -1 | sed 's/.*= //'
   else
