@@ -479,6 +479,15 @@ impl Rs {
     }
 }
 
+/// A call's outcome after moving `n` bytes: a socket reports what it moved, and an
+/// error only when nothing moved.
+fn partial(r: Result<(), c_int>, n: usize) -> Result<usize, c_int> {
+    match r {
+        Err(e) if n == 0 => Err(e),
+        _ => Ok(n),
+    }
+}
+
 /// Runs an rsocket call: the errno on failure, a panic turned into EIO.
 fn call<T>(fail: T, f: impl FnOnce() -> Result<T, c_int>) -> T {
     match guard(Err(libc::EIO), f) {
@@ -675,11 +684,7 @@ fn do_send(s: c_int, data: &[u8], flags: c_int) -> Result<isize, c_int> {
             Err(libc::EAGAIN)
         }
     });
-    match r {
-        Ok(()) => Ok(sent as isize),
-        Err(_) if sent > 0 => Ok(sent as isize),
-        Err(e) => Err(e),
-    }
+    partial(r, sent).map(|n| n as isize)
 }
 
 fn do_recv(s: c_int, out: &mut [u8], flags: c_int) -> Result<isize, c_int> {
@@ -705,11 +710,7 @@ fn do_recv(s: c_int, out: &mut [u8], flags: c_int) -> Result<isize, c_int> {
             Err(libc::EAGAIN)
         }
     });
-    match r {
-        Ok(()) => Ok(got as isize),
-        Err(_) if got > 0 => Ok(got as isize),
-        Err(e) => Err(e),
-    }
+    partial(r, got).map(|n| n as isize)
 }
 
 /// A byte slice of the caller's buffer, empty for a null pointer.
@@ -1301,10 +1302,6 @@ pub unsafe extern "C" fn riowrite(
             }
             Ok(())
         });
-        match r {
-            Ok(()) => Ok(done),
-            Err(_) if done > 0 => Ok(done),
-            Err(e) => Err(e),
-        }
+        partial(r, done)
     })
 }
