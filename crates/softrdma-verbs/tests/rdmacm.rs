@@ -11,19 +11,8 @@ use softrdma_verbs::rdmacm::addrinfo::{rdma_freeaddrinfo, rdma_getaddrinfo};
 use softrdma_verbs::rdmacm::stubs::rdma_join_multicast;
 use softrdma_verbs::rdmacm::*;
 
-fn errno() -> c_int {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
-fn sockaddr(addr: &str) -> libc::sockaddr_in {
-    let a: std::net::SocketAddrV4 = addr.parse().unwrap();
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
-        sin_zero: [0; 8],
-    }
-}
+mod common;
+use common::{errno, sockaddr};
 
 #[test]
 fn misuse_is_an_errno_and_harms_nothing() {

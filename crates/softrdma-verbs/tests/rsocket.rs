@@ -9,19 +9,8 @@ use std::time::{Duration, Instant};
 
 use softrdma_verbs::rdmacm::rsocket::*;
 
-fn errno() -> c_int {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
-fn sockaddr(addr: &str) -> libc::sockaddr_in {
-    let a: std::net::SocketAddrV4 = addr.parse().unwrap();
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
-        sin_zero: [0; 8],
-    }
-}
+mod common;
+use common::{errno, sockaddr};
 
 const LEN: libc::socklen_t = size_of::<libc::sockaddr_in>() as libc::socklen_t;
 
@@ -90,6 +79,9 @@ fn a_stream_carries_every_byte_in_order_through_flow_control_and_ends() {
         loop {
             let want = [3usize, 4096, 100_000, 65_536][k % 4];
             k += 1;
+            // Bounded: data or the end of stream comes within 10 s, or the test fails.
+            let mut p = [libc::pollfd { fd: s, events: libc::POLLIN, revents: 0 }];
+            assert_eq!(rpoll(p.as_mut_ptr(), 1, 10_000), 1, "data or end of stream within 10 s");
             let n = rrecv(s, buf.as_mut_ptr().cast(), want, 0);
             assert!(n >= 0, "rrecv: {}", errno());
             if n == 0 {

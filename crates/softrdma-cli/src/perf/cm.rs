@@ -18,14 +18,14 @@
 //! Only RC: perftest runs UD over rdma_cm through SIDR with a QP-number message of its own,
 //! which `softrdma perf -R` does not speak.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use softrdma::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
+use softrdma::cm::{getaddrinfo, AddrHints, AddrInfo, ConnParam, Ep, EpQp};
 use softrdma::{
-    Access, CompletionQueue, Context, EndpointInfo, MemoryRegion, ProtectionDomain, QpBuilder, QpCaps,
-    QueuePair, RecvWr, RemoteRegion, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Context, EndpointInfo, MemoryRegion, QpCaps, QueuePair, RemoteRegion, SendFlags, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 use super::args::{PerfArgs, Test};
@@ -36,7 +36,7 @@ use super::Fail;
 pub(super) const DEST_LEN: usize = 56;
 /// Where the control QP's outgoing message is staged, after the receive buffer.
 const SEND_AT: usize = 64;
-/// How long one CM step (resolution, a connection) may take.
+/// How long one CM step (a connection, a completion) may take.
 const STEP: Duration = Duration::from_secs(15);
 /// perftest's retries of a benchmark connection, and the pause between them.
 const DATA_TRIES: u32 = 10;
@@ -53,33 +53,20 @@ fn device_addr(args: &PerfArgs) -> Result<IpAddr, Fail> {
     }
 }
 
-/// The server's rdma_cm address: the host and `-p`.
-fn server_addr(host: &str, port: u16) -> Result<SocketAddr, Fail> {
-    (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("{host}: {e}"))?
-        .find(SocketAddr::is_ipv4)
-        .ok_or_else(|| format!("{host} has no IPv4 address"))
-}
-
-/// The next event of `ch` within `wait`.
-fn next_event(ch: &EventChannel, wait: Duration, what: &str) -> Result<CmEvent, Fail> {
-    ch.get_event_timeout(wait).ok_or_else(|| format!("no {what} within {} s", wait.as_secs()))
-}
-
-/// Resolves `id` towards `dst` from `src` (ADDR_RESOLVED, then ROUTE_RESOLVED).
-fn resolve(ch: &EventChannel, id: &CmId, src: Option<IpAddr>, dst: SocketAddr) -> Result<(), Fail> {
-    id.resolve_addr(src, dst, Duration::from_secs(2)).map_err(|e| e.to_string())?;
-    let ev = next_event(ch, STEP, "ADDR_RESOLVED")?;
-    if ev.kind != CmEventKind::AddrResolved {
-        return Err(format!("{} (status {}) resolving {dst}", ev.kind, ev.status));
-    }
-    id.resolve_route(Duration::from_secs(2)).map_err(|e| e.to_string())?;
-    let ev = next_event(ch, STEP, "ROUTE_RESOLVED")?;
-    if ev.kind != CmEventKind::RouteResolved {
-        return Err(format!("{} (status {}) resolving the route to {dst}", ev.kind, ev.status));
-    }
-    Ok(())
+/// Where the endpoints go: the client to the server (`host`, `-p`) from `-d`'s address
+/// if given; the server listens on `-d`'s address and `-p`.
+fn addr_info(args: &PerfArgs) -> Result<AddrInfo, Fail> {
+    let local = device_addr(args)?;
+    let port = args.port.to_string();
+    let hints = match &args.host {
+        Some(_) => {
+            AddrHints { ipv6: Some(false), src: args.device.as_ref().map(|_| local), ..AddrHints::default() }
+        }
+        None => AddrHints { passive: true, ipv6: Some(false), ..AddrHints::default() },
+    };
+    let node = args.host.clone().unwrap_or_else(|| local.to_string());
+    let infos = getaddrinfo(Some(&node), Some(&port), &hints).map_err(|e| format!("{node}: {e}"))?;
+    infos.first().copied().ok_or_else(|| format!("{node}: no IPv4 address"))
 }
 
 /// perftest's connection parameters: responder resources and initiator depth for READ
@@ -101,86 +88,51 @@ fn conn_param(args: &PerfArgs) -> ConnParam {
 
 /// The control connection: perftest's exchange over SEND and RECV.
 pub(super) struct Control {
-    ch: EventChannel,
-    id: CmId,
-    qp: Arc<QueuePair>,
-    send_cq: CompletionQueue,
-    recv_cq: CompletionQueue,
+    ep: Ep,
     /// The receive buffer, then the outgoing message at [`SEND_AT`].
     mr: MemoryRegion,
     /// A receive completion taken while looking for a waiting message.
     pending: Option<WorkCompletion>,
-    _pd: ProtectionDomain,
 }
 
 impl Control {
     /// Connects the control QP: the client to `host`, the server by accepting the first
     /// request on `-p`.
     pub(super) fn connect(args: &PerfArgs) -> Result<Control, Fail> {
-        let local = device_addr(args)?;
-        match &args.host {
-            Some(host) => {
-                let dst = server_addr(host, args.port)?;
-                let src = args.device.as_ref().map(|_| local);
-                // perftest's server may not listen yet: try for as long as the TCP exchange does.
-                let deadline = Instant::now() + STEP;
-                loop {
-                    match Control::try_connect(args, src, dst) {
-                        Ok(c) => return Ok(c),
-                        Err(e) if Instant::now() > deadline => return Err(format!("rdma_cm {dst}: {e}")),
-                        Err(_) => std::thread::sleep(RETRY_PAUSE),
-                    }
-                }
-            }
-            None => {
-                let ch = EventChannel::new().map_err(|e| e.to_string())?;
-                let listener = CmId::new(&ch, PortSpace::Tcp);
-                let at = SocketAddr::new(local, args.port);
-                listener.bind_addr(at).map_err(|e| format!("rdma_cm port {at}: {e}"))?;
-                listener.listen(1).map_err(|e| e.to_string())?;
-                // As perftest's server: wait for a client as long as it takes.
-                let ev = loop {
-                    if let Some(ev) = ch.get_event_timeout(Duration::from_secs(3600)) {
-                        break ev;
-                    }
-                };
-                if ev.kind != CmEventKind::ConnectRequest {
-                    return Err(format!("{} while waiting for a connection request", ev.kind));
-                }
-                let c = Control::new(ch, ev.id)?;
-                c.id.accept(&conn_param(args)).map_err(|e| e.to_string())?;
-                // The benchmark's listener takes the port next.
-                listener.destroy();
-                Ok(c)
-            }
-        }
-    }
-
-    fn try_connect(args: &PerfArgs, src: Option<IpAddr>, dst: SocketAddr) -> Result<Control, Fail> {
-        let ch = EventChannel::new().map_err(|e| e.to_string())?;
-        let id = CmId::new(&ch, PortSpace::Tcp);
-        resolve(&ch, &id, src, dst)?;
-        let c = Control::new(ch, id)?;
-        c.id.connect(&conn_param(args)).map_err(|e| e.to_string())?;
-        let ev = next_event(&c.ch, STEP, "ESTABLISHED")?;
-        if ev.kind != CmEventKind::Established {
-            c.id.destroy();
-            return Err(format!("{} (status {})", ev.kind, ev.status));
-        }
-        Ok(c)
-    }
-
-    /// The control QP on `id`'s device, with its receive posted.
-    fn new(ch: EventChannel, id: CmId) -> Result<Control, Fail> {
-        let ctx = id.context().ok_or("the CM ID has no device")?;
-        let pd = ctx.alloc_pd();
-        let send_cq = ctx.create_cq(4, None).map_err(|e| e.to_string())?;
-        let recv_cq = ctx.create_cq(4, None).map_err(|e| e.to_string())?;
-        let mr = pd.register(2 * SEND_AT, Access::LOCAL_WRITE).map_err(|e| e.to_string())?;
-        let caps = QpCaps { max_send_wr: 2, max_recv_wr: 2, ..QpCaps::default() };
+        let info = addr_info(args)?;
         let qp =
-            id.create_qp(&pd, &QpBuilder::rc().caps(caps), &send_cq, &recv_cq).map_err(|e| e.to_string())?;
-        let c = Control { ch, id, qp, send_cq, recv_cq, mr, pending: None, _pd: pd };
+            EpQp { caps: QpCaps { max_send_wr: 2, max_recv_wr: 2, ..QpCaps::default() }, sq_sig_all: false };
+        if info.passive {
+            let listener = Ep::create(&info, None, Some(&qp))
+                .map_err(|e| format!("rdma_cm port {:?}: {e}", info.src))?;
+            listener.listen(1).map_err(|e| e.to_string())?;
+            // As perftest's server: wait for a client as long as it takes.
+            let mut c = Control::new(listener.get_request().map_err(|e| e.to_string())?)?;
+            c.ep.accept(&conn_param(args)).map_err(|e| e.to_string())?;
+            // The benchmark's listener takes the port next.
+            listener.id().destroy();
+            return Ok(c);
+        }
+        // perftest's server may not listen yet: try for as long as the TCP exchange does.
+        let deadline = Instant::now() + STEP;
+        loop {
+            let attempt = Ep::create(&info, None, Some(&qp)).map_err(|e| e.to_string()).and_then(|ep| {
+                let mut c = Control::new(ep)?;
+                c.ep.connect(&conn_param(args)).map_err(|e| e.to_string())?;
+                Ok(c)
+            });
+            match attempt {
+                Ok(c) => return Ok(c),
+                Err(e) if Instant::now() > deadline => return Err(format!("rdma_cm {:?}: {e}", info.dst)),
+                Err(_) => std::thread::sleep(RETRY_PAUSE),
+            }
+        }
+    }
+
+    /// Registers the buffers and posts the first receive.
+    fn new(ep: Ep) -> Result<Control, Fail> {
+        let mr = ep.reg_msgs(2 * SEND_AT).map_err(|e| e.to_string())?;
+        let c = Control { ep, mr, pending: None };
         c.post_recv()?;
         Ok(c)
     }
@@ -188,12 +140,11 @@ impl Control {
     /// The device the connection manager opened for the control connection, which the
     /// benchmark's QPs share.
     pub(super) fn context(&self) -> Result<Context, Fail> {
-        self.id.context().ok_or_else(|| "the CM ID has no device".into())
+        self.ep.id().context().ok_or_else(|| "the CM ID has no device".into())
     }
 
     fn post_recv(&self) -> Result<(), Fail> {
-        let sge = self.mr.sge(0, DEST_LEN).map_err(|e| e.to_string())?;
-        self.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![sge] }).map_err(|e| e.to_string())
+        self.ep.post_recv(1, &self.mr, 0, DEST_LEN).map_err(|e| e.to_string())
     }
 
     fn send(&self, msg: &[u8]) -> Result<(), Fail> {
@@ -201,15 +152,9 @@ impl Control {
             return Err(format!("exchange message of {} bytes (at most {DEST_LEN})", msg.len()));
         }
         self.mr.write(SEND_AT, msg).map_err(|e| e.to_string())?;
-        let wr = SendWr {
-            wr_id: 2,
-            op: SendOp::Send,
-            sg_list: vec![self.mr.sge(SEND_AT, msg.len()).map_err(|e| e.to_string())?],
-            flags: SendFlags { signaled: true, ..Default::default() },
-            ud: None,
-        };
-        self.qp.post_send(wr).map_err(|e| e.to_string())?;
-        let wc = self.send_cq.wait_one_timeout(STEP).ok_or("exchange: no send completion within 15 s")?;
+        let signaled = SendFlags { signaled: true, ..Default::default() };
+        self.ep.post_send(2, &self.mr, SEND_AT, msg.len(), signaled).map_err(|e| e.to_string())?;
+        let wc = self.ep.get_send_comp_timeout(STEP).map_err(|e| format!("exchange: {e}"))?;
         if wc.status != WcStatus::Success {
             return Err(format!("exchange: SEND failed: {:?}", wc.status));
         }
@@ -219,7 +164,7 @@ impl Control {
     /// Whether the peer's next message has arrived (kept for [`Self::recv`]).
     pub(super) fn message_waiting(&mut self) -> bool {
         if self.pending.is_none() {
-            self.pending = self.recv_cq.poll_one();
+            self.pending = self.ep.recv_cq().and_then(|cq| cq.poll_one());
         }
         self.pending.is_some()
     }
@@ -229,15 +174,13 @@ impl Control {
     /// disconnects or the connection breaks.
     fn recv(&mut self, len: usize) -> Result<Vec<u8>, Fail> {
         let wc = loop {
-            if let Some(wc) =
-                self.pending.take().or_else(|| self.recv_cq.wait_one_timeout(Duration::from_millis(100)))
-            {
+            if let Some(wc) = self.pending.take() {
                 break wc;
             }
-            if let Some(ev) = self.ch.try_get_event() {
-                if matches!(ev.kind, CmEventKind::Disconnected | CmEventKind::DeviceRemoval) {
-                    return Err("exchange: the peer disconnected".into());
-                }
+            match self.ep.get_recv_comp_timeout(Duration::from_millis(100)) {
+                Ok(wc) => break wc,
+                Err(_) if self.ep.peer_disconnected() => return Err("exchange: the peer disconnected".into()),
+                Err(_) => {}
             }
         };
         if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv {
@@ -266,113 +209,68 @@ impl Control {
     }
 }
 
-/// The benchmark's connections: their IDs, kept until the end.
-pub(super) struct DataConns {
-    ch: EventChannel,
-    ids: Vec<CmId>,
-}
+/// The benchmark's connections, kept until the end.
+pub(super) struct DataConns(Vec<Ep>);
 
 impl DataConns {
-    /// Connects `n` QPs, each made by `make` on its ID: the client to the server's address,
-    /// the server by accepting `n` requests on `-p`.
+    /// Connects `n` QPs, each made by `make` on its endpoint: the client to the server's
+    /// address, the server by accepting `n` requests on `-p`.
     pub(super) fn connect(
         args: &PerfArgs,
         n: usize,
-        mut make: impl FnMut(&CmId) -> Result<Arc<QueuePair>, Fail>,
+        mut make: impl FnMut(&mut Ep) -> Result<Arc<QueuePair>, Fail>,
     ) -> Result<(DataConns, Vec<Arc<QueuePair>>), Fail> {
-        let local = device_addr(args)?;
-        let ch = EventChannel::new().map_err(|e| e.to_string())?;
+        let info = addr_info(args)?;
         let param = conn_param(args);
-        let mut ids = Vec::with_capacity(n);
-        let mut qps = Vec::with_capacity(n);
-        match &args.host {
-            Some(host) => {
-                let dst = server_addr(host, args.port)?;
-                let src = args.device.as_ref().map(|_| local);
-                for _ in 0..n {
-                    let mut tries = 0;
-                    let (id, qp) = loop {
-                        tries += 1;
-                        match connect_one(&ch, src, dst, &param, &mut make) {
-                            Ok(c) => break c,
-                            Err(e) if tries >= DATA_TRIES => {
-                                return Err(format!("rdma_cm: connecting a QP to {dst}, {tries} tries: {e}"))
-                            }
-                            Err(_) => std::thread::sleep(RETRY_PAUSE),
-                        }
-                    };
-                    ids.push(id);
-                    qps.push(qp);
-                }
+        // One connection: its QP made, then accepted or connected (both wait for
+        // ESTABLISHED, which the CM's own retries bound).
+        let mut one = |mut ep: Ep| -> Result<(Ep, Arc<QueuePair>), Fail> {
+            let qp = make(&mut ep)?;
+            if info.passive { ep.accept(&param) } else { ep.connect(&param) }.map_err(|e| e.to_string())?;
+            Ok((ep, qp))
+        };
+        let mut conns = Vec::with_capacity(n);
+        if info.passive {
+            let listener =
+                Ep::create(&info, None, None).map_err(|e| format!("rdma_cm port {:?}: {e}", info.src))?;
+            listener.listen(n).map_err(|e| e.to_string())?;
+            for _ in 0..n {
+                conns.push(one(listener.get_request_timeout(STEP).map_err(|e| e.to_string())?)?);
             }
-            None => {
-                let listener = CmId::new(&ch, PortSpace::Tcp);
-                let at = SocketAddr::new(local, args.port);
-                listener.bind_addr(at).map_err(|e| format!("rdma_cm port {at}: {e}"))?;
-                listener.listen(n).map_err(|e| e.to_string())?;
-                let mut established = 0;
-                while established < n {
-                    let ev = next_event(&ch, STEP, "connection of the benchmark's QPs")?;
-                    match ev.kind {
-                        CmEventKind::ConnectRequest if ids.len() < n => {
-                            let qp = make(&ev.id)?;
-                            ev.id.accept(&param).map_err(|e| e.to_string())?;
-                            ids.push(ev.id);
-                            qps.push(qp);
-                        }
-                        CmEventKind::ConnectRequest => ev.id.reject(&[]).map_err(|e| e.to_string())?,
-                        CmEventKind::Established => established += 1,
-                        k => {
+            listener.id().destroy();
+        } else {
+            for _ in 0..n {
+                // The server may not listen again yet: perftest's retries.
+                let mut tries = 1;
+                let c = loop {
+                    match Ep::create(&info, None, None).map_err(|e| e.to_string()).and_then(&mut one) {
+                        Ok(c) => break c,
+                        Err(e) if tries >= DATA_TRIES => {
                             return Err(format!(
-                                "{k} (status {}) while accepting the benchmark's QPs",
-                                ev.status
+                                "rdma_cm: connecting a QP to {:?}, {tries} tries: {e}",
+                                info.dst
                             ))
                         }
+                        Err(_) => tries += 1,
                     }
-                }
-                listener.destroy();
+                    std::thread::sleep(RETRY_PAUSE);
+                };
+                conns.push(c);
             }
         }
-        Ok((DataConns { ch, ids }, qps))
+        let (eps, qps) = conns.into_iter().unzip();
+        Ok((DataConns(eps), qps))
     }
 
     /// Disconnects every connection and waits (boundedly) for their DISCONNECTED events.
     pub(super) fn disconnect(self) {
-        let mut left = 0;
-        for id in &self.ids {
-            if id.disconnect().is_ok() {
-                left += 1;
-            }
-        }
+        let mut left: Vec<&Ep> = self.0.iter().filter(|ep| ep.disconnect().is_ok()).collect();
         let deadline = Instant::now() + Duration::from_secs(2);
-        while left > 0 {
-            match self.ch.get_event_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Some(ev) if ev.kind == CmEventKind::Disconnected => left -= 1,
-                Some(_) => {}
-                None => break,
-            }
+        while !left.is_empty() && Instant::now() < deadline {
+            left.retain(|ep| !ep.peer_disconnected());
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
-}
-
-/// One benchmark connection of the client.
-fn connect_one(
-    ch: &EventChannel,
-    src: Option<IpAddr>,
-    dst: SocketAddr,
-    param: &ConnParam,
-    make: &mut impl FnMut(&CmId) -> Result<Arc<QueuePair>, Fail>,
-) -> Result<(CmId, Arc<QueuePair>), Fail> {
-    let id = CmId::new(ch, PortSpace::Tcp);
-    resolve(ch, &id, src, dst)?;
-    let qp = make(&id)?;
-    id.connect(param).map_err(|e| e.to_string())?;
-    let ev = next_event(ch, STEP, "ESTABLISHED")?;
-    if ev.kind != CmEventKind::Established {
-        id.destroy();
-        return Err(format!("{} (status {})", ev.kind, ev.status));
-    }
-    Ok((id, qp))
 }
 
 /// perftest's `struct pingpong_dest` in network order: lid, out_reads, qpn, psn, rkey,

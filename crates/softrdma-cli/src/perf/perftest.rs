@@ -4,6 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use softrdma::{EndpointInfo, Mtu, RemoteRegion};
@@ -20,7 +21,7 @@ const VERSION: &[u8; 16] = b"6.06\0\0\0\0\0\0\0\0\0\0\0\0";
 /// The channel of perftest's exchange.
 pub(super) enum Ctrl {
     Tcp(TcpStream),
-    Cm(Control),
+    Cm(Box<Control>),
 }
 
 impl Ctrl {
@@ -37,14 +38,19 @@ impl Ctrl {
     pub(super) fn message_waiting(&mut self) -> Result<bool, Fail> {
         match self {
             Ctrl::Tcp(s) => {
-                s.set_nonblocking(true).map_err(|e| e.to_string())?;
-                let r = match s.peek(&mut [0u8; 1]) {
-                    Ok(_) => Ok(true), // the message, or the peer gone (0)
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
-                    Err(e) => Err(e.to_string()),
+                // One non-blocking peek, the socket left as it is.
+                let mut b = 0u8;
+                // SAFETY: a one-byte buffer of ours on the stream's own descriptor.
+                let n = unsafe {
+                    libc::recv(s.as_raw_fd(), (&raw mut b).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
                 };
-                s.set_nonblocking(false).map_err(|e| e.to_string())?;
-                r
+                match n {
+                    0.. => Ok(true), // the message, or the peer gone (0)
+                    _ => match std::io::Error::last_os_error() {
+                        e if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+                        e => Err(e.to_string()),
+                    },
+                }
             }
             Ctrl::Cm(c) => Ok(c.message_waiting()),
         }
@@ -64,7 +70,7 @@ impl Session<'_> {
     pub(super) fn exchange(&mut self, control: Option<Control>) -> Result<Ctrl, Fail> {
         let args = self.args;
         let mut s = match control {
-            Some(c) => Ctrl::Cm(c),
+            Some(c) => Ctrl::Cm(Box::new(c)),
             None => {
                 announce(args);
                 Ctrl::Tcp(exchange::connect_or_accept(

@@ -146,8 +146,8 @@ impl<'a> Session<'a> {
     /// them, and posts the receives.
     pub(super) fn connect_cm(&mut self) -> Result<(), Fail> {
         let (pd, cq, b) = (&self.pd, &self.cq, self.builder);
-        let (conns, qps) = DataConns::connect(self.args, self.posted_recvs.len(), |id| {
-            id.create_qp(pd, &b, cq, cq).map_err(|e| e.to_string())
+        let (conns, qps) = DataConns::connect(self.args, self.posted_recvs.len(), |ep| {
+            ep.create_qp(pd, &b, cq, cq).map_err(|e| e.to_string())
         })?;
         let addr = self.ctx.local_addr();
         for qp in &qps {

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use softrdma::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
 use softrdma::{
     Access, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain, QpBuilder, QpCaps, QueuePair,
-    RecvWr, Rkey, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    RecvWr, Rkey, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
 use super::{lock, read_sockaddr, write_sockaddr};
@@ -63,7 +63,9 @@ const SQ_DEPTH: usize = SEND_SLOTS + 16;
 const IMM_CREDITS: u32 = 0xFFFF;
 const IMM_FIN: u32 = 1 << 31;
 const IMM_IOMAP: u32 = 1 << 30;
-/// wr_id of sends that use no send buffer.
+/// wr_ids: a receive's is its buffer's index; a send's is `SEND_WR` plus its send
+/// buffer's index, or [`NO_SLOT`] for a send without data.
+const SEND_WR: u64 = 1 << 32;
 const NO_SLOT: u64 = u64::MAX;
 /// The private data of a connection: magic and version.
 const HELLO: &[u8; 5] = b"SRRS\x01";
@@ -203,36 +205,36 @@ impl Conn {
         (RECV_BUFS + slot) * CHUNK
     }
 
-    /// Takes every completion waiting.
-    fn progress(&mut self) {
+    /// Takes every completion waiting; how many there were.
+    fn progress(&mut self) -> usize {
         let mut wcs = [softrdma::EMPTY_WC; 32];
+        let mut total = 0;
         loop {
             let n = self.cq.poll(&mut wcs);
             for wc in &wcs[..n] {
                 self.on_completion(wc);
             }
+            total += n;
             if n < wcs.len() {
-                break;
+                return total;
             }
         }
     }
 
     fn on_completion(&mut self, wc: &WorkCompletion) {
-        if wc.status != WcStatus::Success {
-            self.broken = true;
-            if !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
-                self.sq_used = self.sq_used.saturating_sub(1);
-                if wc.wr_id != NO_SLOT {
-                    self.free_slots.push(wc.wr_id as usize);
-                }
-            }
-            return;
-        }
-        if wc.opcode != WcOpcode::Recv {
+        // Told apart by wr_id: a failed completion's opcode is undefined.
+        let send = wc.wr_id >= SEND_WR;
+        if send {
             self.sq_used = self.sq_used.saturating_sub(1);
             if wc.wr_id != NO_SLOT {
-                self.free_slots.push(wc.wr_id as usize);
+                self.free_slots.push((wc.wr_id - SEND_WR) as usize);
             }
+        }
+        if wc.status != WcStatus::Success {
+            self.broken = true;
+            return;
+        }
+        if send {
             return;
         }
         let buf = wc.wr_id as usize;
@@ -266,21 +268,21 @@ impl Conn {
     fn return_credits(&mut self) {
         if self.owed >= (RECV_BUFS - RESERVE) / 2 && self.sq_used < SQ_DEPTH && !self.broken {
             let owed = self.owed as u32;
-            if self.post(NO_SLOT, SendOp::SendWithImm(owed), 0).is_ok() {
+            if self.post(None, SendOp::SendWithImm(owed), 0).is_ok() {
                 self.owed = 0;
             }
         }
     }
 
-    /// Posts a signaled send from send buffer `slot` (its first `len` bytes).
-    fn post(&mut self, slot: u64, op: SendOp, len: usize) -> Result<(), c_int> {
-        let sg_list = if slot == NO_SLOT {
-            Vec::new()
-        } else {
-            vec![self.mr.sge(Self::slot_offset(slot as usize), len).map_err(rt_errno)?]
+    /// Posts a signaled send: from send buffer `slot` (its first `len` bytes), or without
+    /// data.
+    fn post(&mut self, slot: Option<usize>, op: SendOp, len: usize) -> Result<(), c_int> {
+        let sg_list = match slot {
+            None => Vec::new(),
+            Some(k) => vec![self.mr.sge(Self::slot_offset(k), len).map_err(rt_errno)?],
         };
         let wr = SendWr {
-            wr_id: slot,
+            wr_id: slot.map_or(NO_SLOT, |k| SEND_WR + k as u64),
             op,
             sg_list,
             flags: SendFlags { signaled: true, ..Default::default() },
@@ -310,7 +312,7 @@ impl Conn {
                 return Err(rt_errno(e));
             }
             let owed = std::mem::take(&mut self.owed) as u32;
-            if let Err(e) = self.post(slot as u64, SendOp::SendWithImm(owed), n) {
+            if let Err(e) = self.post(Some(slot), SendOp::SendWithImm(owed), n) {
                 self.free_slots.push(slot);
                 self.owed += owed as usize;
                 return Err(e);
@@ -355,9 +357,7 @@ impl Conn {
         if self.cq.req_notify(false).is_err() {
             return false;
         }
-        let before = (self.ready.len(), self.free_slots.len(), self.credits, self.sq_used, self.fin_received);
-        self.progress();
-        before == (self.ready.len(), self.free_slots.len(), self.credits, self.sq_used, self.fin_received)
+        self.progress() == 0
     }
 
     fn drain_channel(&self) {
@@ -641,9 +641,13 @@ pub unsafe extern "C" fn rconnect(s: c_int, addr: *const libc::sockaddr, _len: l
                 return Err(libc::EINPROGRESS);
             }
         }
-        rs.wait_for(false, |g| match &g.phase {
+        // The outcome is reported here, so SO_ERROR has nothing left to tell.
+        rs.wait_for(false, |g| match g.phase {
             Phase::Connected(_) => Ok(0),
-            Phase::Failed(e) => Err(std::mem::take(&mut g.so_error).max(*e)),
+            Phase::Failed(e) => {
+                g.so_error = 0;
+                Err(e)
+            }
             _ => Err(libc::EAGAIN),
         })
     })
@@ -800,10 +804,28 @@ unsafe fn iovecs<'a>(iov: *const libc::iovec, n: c_int) -> &'a [libc::iovec] {
 #[no_mangle]
 pub unsafe extern "C" fn rwritev(s: c_int, iov: *const libc::iovec, iovcnt: c_int) -> isize {
     // SAFETY: the caller's iovecs.
-    let v = unsafe { iovecs(iov, iovcnt) };
-    let data: Vec<u8> =
-        v.iter().flat_map(|i| unsafe { slice(i.iov_base, i.iov_len) }.iter().copied()).collect();
-    call(-1, || do_send(s, &data, 0))
+    unsafe { send_iov(s, iovecs(iov, iovcnt), 0) }
+}
+
+/// Sends a list of buffers in order, each straight from the caller's memory: stops at the
+/// first that does not go out whole (non-blocking), and fails only when nothing went.
+unsafe fn send_iov(s: c_int, v: &[libc::iovec], flags: c_int) -> isize {
+    call(-1, || {
+        let mut total = 0usize;
+        for i in v {
+            // SAFETY: the caller's buffer of iov_len bytes.
+            let data = unsafe { slice(i.iov_base, i.iov_len) };
+            let n = match do_send(s, data, flags) {
+                Ok(n) => n as usize,
+                Err(e) => return partial(Err(e), total).map(|n| n as isize),
+            };
+            total += n;
+            if n < data.len() {
+                break;
+            }
+        }
+        Ok(total as isize)
+    })
 }
 
 #[no_mangle]
@@ -813,10 +835,7 @@ pub unsafe extern "C" fn rsendmsg(s: c_int, msg: *const libc::msghdr, flags: c_i
         return -1;
     }
     // SAFETY: the caller's message and its iovecs.
-    let v = unsafe { iovecs((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
-    let data: Vec<u8> =
-        v.iter().flat_map(|i| unsafe { slice(i.iov_base, i.iov_len) }.iter().copied()).collect();
-    call(-1, || do_send(s, &data, flags))
+    unsafe { send_iov(s, iovecs((*msg).msg_iov, (*msg).msg_iovlen as c_int), flags) }
 }
 
 /// Receives into a list of buffers: one receive into a bounce buffer of their total size.
@@ -858,7 +877,7 @@ fn send_fin(g: &mut Inner) {
         if !c.fin_sent
             && !c.broken
             && c.sq_used < SQ_DEPTH
-            && c.post(NO_SLOT, SendOp::SendWithImm(IMM_FIN), 0).is_ok()
+            && c.post(None, SendOp::SendWithImm(IMM_FIN), 0).is_ok()
         {
             c.fin_sent = true;
         }
@@ -1238,7 +1257,7 @@ pub unsafe extern "C" fn riomap(
         m[16..24].copy_from_slice(&(len as u64).to_be_bytes());
         m[24..].copy_from_slice(&mr.rkey().0.to_be_bytes());
         c.mr.write(Conn::slot_offset(slot), &m).map_err(rt_errno)?;
-        if let Err(e) = c.post(slot as u64, SendOp::SendWithImm(IMM_IOMAP), m.len()) {
+        if let Err(e) = c.post(Some(slot), SendOp::SendWithImm(IMM_IOMAP), m.len()) {
             c.free_slots.push(slot);
             return Err(e);
         }
@@ -1294,7 +1313,7 @@ pub unsafe extern "C" fn riowrite(
                 let slot = c.free_slots.pop().unwrap_or_default();
                 c.mr.write(Conn::slot_offset(slot), &data[done..done + n]).map_err(rt_errno)?;
                 let op = SendOp::Write { remote_addr: m.addr + (at - m.offset), rkey: m.rkey };
-                if let Err(e) = c.post(slot as u64, op, n) {
+                if let Err(e) = c.post(Some(slot), op, n) {
                     c.free_slots.push(slot);
                     return Err(e);
                 }

@@ -287,7 +287,22 @@ impl Ep {
     /// [`Self::reject`].
     pub fn get_request(&self) -> Result<Ep> {
         loop {
-            let ev = self.chan.get_event();
+            if let Some(ep) = self.next_request(Duration::from_secs(3600))? {
+                return Ok(ep);
+            }
+        }
+    }
+
+    /// [`Self::get_request`], waiting at most `timeout`.
+    pub fn get_request_timeout(&self, timeout: Duration) -> Result<Ep> {
+        self.next_request(timeout)?.ok_or(Error::TimedOut("no connection request"))
+    }
+
+    fn next_request(&self, timeout: Duration) -> Result<Option<Ep>> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let Some(ev) = self.chan.get_event_timeout(left) else { return Ok(None) };
             if ev.kind != CmEventKind::ConnectRequest {
                 // A listener's channel carries only requests; anything else is stale.
                 continue;
@@ -303,7 +318,7 @@ impl Ep {
                     return Err(e);
                 }
             }
-            return Ok(ep);
+            return Ok(Some(ep));
         }
     }
 
