@@ -213,11 +213,23 @@ impl Control {
 pub(super) struct DataConns(Vec<Ep>);
 
 impl DataConns {
+    /// The server's listener for the benchmark's QPs on `-p`, opened before the swap that
+    /// lets the client connect: perftest's client does not survive a refused first
+    /// request (its retry uses the IDs it has just destroyed).
+    pub(super) fn listen(args: &PerfArgs) -> Result<Ep, Fail> {
+        let info = addr_info(args)?;
+        let listener =
+            Ep::create(&info, None, None).map_err(|e| format!("rdma_cm port {:?}: {e}", info.src))?;
+        listener.listen(args.qps.max(1) as usize).map_err(|e| e.to_string())?;
+        Ok(listener)
+    }
+
     /// Connects `n` QPs, each made by `make` on its endpoint: the client to the server's
-    /// address, the server by accepting `n` requests on `-p`.
+    /// address, the server by accepting `n` requests on `listener` ([`Self::listen`]).
     pub(super) fn connect(
         args: &PerfArgs,
         n: usize,
+        listener: Option<Ep>,
         mut make: impl FnMut(&mut Ep) -> Result<Arc<QueuePair>, Fail>,
     ) -> Result<(DataConns, Vec<Arc<QueuePair>>), Fail> {
         let info = addr_info(args)?;
@@ -231,9 +243,7 @@ impl DataConns {
         };
         let mut conns = Vec::with_capacity(n);
         if info.passive {
-            let listener =
-                Ep::create(&info, None, None).map_err(|e| format!("rdma_cm port {:?}: {e}", info.src))?;
-            listener.listen(n).map_err(|e| e.to_string())?;
+            let listener = listener.ok_or("the server listens before the swap (DataConns::listen)")?;
             for _ in 0..n {
                 conns.push(one(listener.get_request_timeout(STEP).map_err(|e| e.to_string())?)?);
             }

@@ -106,9 +106,11 @@ impl Session<'_> {
             .get(mtu_enum.min(theirs_mtu).clamp(1, 5) - 1)
             .copied();
         if args.rdma_cm {
-            // perftest swaps a message before and after the CM connects the QPs.
+            // perftest swaps a message before and after the CM connects the QPs; our server
+            // listens before the first, so that no request of the client's comes too early.
+            let listener = if self.client { None } else { Some(cm::DataConns::listen(args)?) };
             s.swap(self.client, &[0; cm::DEST_LEN])?;
-            self.connect_cm()?;
+            self.connect_cm(listener)?;
             s.swap(self.client, &[0; cm::DEST_LEN])?;
         }
         // One message per QP, in order: the peer's i-th QP is the partner of our i-th.

@@ -12,6 +12,7 @@ use softrdma::{
 use super::args::{Conn, PerfArgs};
 use super::cm::DataConns;
 use super::{Fail, CYCLE_BUFFER};
+use softrdma::cm::Ep;
 
 const QKEY: Qkey = Qkey(0x1111_1111);
 
@@ -144,9 +145,10 @@ impl<'a> Session<'a> {
 
     /// `-R`: connects the benchmark's QPs through the connection manager, which readies
     /// them, and posts the receives.
-    pub(super) fn connect_cm(&mut self) -> Result<(), Fail> {
+    /// The server passes the listener it opened with [`DataConns::listen`].
+    pub(super) fn connect_cm(&mut self, listener: Option<Ep>) -> Result<(), Fail> {
         let (pd, cq, b) = (&self.pd, &self.cq, self.builder);
-        let (conns, qps) = DataConns::connect(self.args, self.posted_recvs.len(), |ep| {
+        let (conns, qps) = DataConns::connect(self.args, self.posted_recvs.len(), listener, |ep| {
             ep.create_qp(pd, &b, cq, cq).map_err(|e| e.to_string())
         })?;
         let addr = self.ctx.local_addr();
