@@ -103,6 +103,8 @@ pub struct Endpoint {
     qps: BTreeMap<u32, Slot>,
     srqs: BTreeMap<u32, Srq>,
     next_qpn: u32,
+    /// With a key, QPNs are drawn from a keyed function of a counter instead of counting.
+    qpn_key: Option<u64>,
     pkeys: Vec<u16>,
     /// QPs touched since the last settle.
     touched: Vec<u32>,
@@ -129,6 +131,7 @@ impl Endpoint {
             qps: BTreeMap::new(),
             srqs: BTreeMap::new(),
             next_qpn: FIRST_QPN,
+            qpn_key: None,
             pkeys: vec![DEFAULT_PKEY],
             touched: Vec::new(),
             ready: VecDeque::new(),
@@ -139,6 +142,17 @@ impl Endpoint {
             gsi_psn: 0,
             foreign: HashMap::new(),
         }
+    }
+
+    /// Draws QP numbers from now on from a function of `key` and a counter, so that a peer
+    /// who has not seen a QPN cannot guess it: with a secret key each new QPN is one of
+    /// the 2^24 - 16 usable numbers, unpredictable without the key. Without a key (the
+    /// default, for reproducible simulations) QPNs count up from 16, as rxe's do.
+    ///
+    /// The function is SipHash of the key and the counter, with the standard library's
+    /// fixed hasher keys: a keyed pseudo-random function as long as `key` stays secret.
+    pub fn set_qpn_key(&mut self, key: u64) {
+        self.qpn_key = Some(key);
     }
 
     /// Starts the connection manager on QP1 (replacing one started before).
@@ -185,11 +199,25 @@ impl Endpoint {
     /// Creates a QP in RESET; `cfg.local` is replaced by the endpoint's address.
     pub fn create_qp(&mut self, mut cfg: QpConfig) -> Qpn {
         cfg.local = self.local;
-        let mut n = self.next_qpn;
-        while self.qps.contains_key(&n) || n < FIRST_QPN {
-            n = (n + 1) & crate::MASK_24;
-        }
-        self.next_qpn = (n + 1) & crate::MASK_24;
+        let n = loop {
+            let n = match self.qpn_key {
+                Some(key) => {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::hash::DefaultHasher::new();
+                    (key, self.next_qpn).hash(&mut h);
+                    self.next_qpn = self.next_qpn.wrapping_add(1);
+                    h.finish() as u32 & crate::MASK_24
+                }
+                None => {
+                    let n = self.next_qpn;
+                    self.next_qpn = (n + 1) & crate::MASK_24;
+                    n
+                }
+            };
+            if n >= FIRST_QPN && !self.qps.contains_key(&n) {
+                break n;
+            }
+        };
         let qpn = Qpn::new(n);
         let slot =
             Slot { qp: QueuePair::new(qpn, cfg), touched: false, ready: false, pending: false, armed: None };

@@ -216,8 +216,11 @@ impl Engine {
         let async_efd = EventFd::exposed()?;
         async_efd.signal(); // PortActive is queued.
         let async_fd = async_efd.as_raw_fd();
+        let mut endpoint = Endpoint::new(local);
+        // Unguessable QP numbers: a blind attacker must guess 24 bits to reach a QP.
+        endpoint.set_qpn_key(crate::random_u64());
         let core = Core {
-            endpoint: Endpoint::new(local),
+            endpoint,
             mem: Registry::new(),
             routes: HashMap::new(),
             events: VecDeque::from([AsyncEvent::PortActive]),

@@ -65,3 +65,11 @@ pub use softrdma_proto::qp::{
     UdDest, WcOpcode, WcStatus, WorkCompletion,
 };
 pub use softrdma_proto::{Lkey, Psn, Qkey, Qpn, Rkey};
+
+/// 64 unpredictable bits: the standard library's hash of nothing under a fresh random key
+/// (drawn from the operating system once per thread, then stepped), for starting PSNs, QPN
+/// and CM keys. Not for long-term secrets.
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new().build_hasher().finish()
+}

@@ -279,8 +279,7 @@ impl ProtectionDomain {
 }
 
 fn random_psn() -> Psn {
-    use std::hash::{BuildHasher, Hasher};
-    Psn::new(std::collections::hash_map::RandomState::new().build_hasher().finish() as u32)
+    Psn::new(crate::random_u64() as u32)
 }
 
 impl PreparedQp {

@@ -4,9 +4,12 @@
 //! each attack as the spec says (NAK or silent drop), and its legitimate connection must
 //! keep working throughout.
 
+mod common;
+
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
+use common::{fill_headers, payload_for};
 use softrdma::proto::wire::{
     icrc, AethSyndrome, AtomicEthRepr, BthRepr, NakCode, Opcode, Packet, PacketRepr, RethRepr,
 };
@@ -290,47 +293,30 @@ fn rss() -> usize {
     pages * 4096
 }
 
-fn payload_for(op: Opcode) -> usize {
-    use softrdma::proto::wire::PayloadRule;
-    match op.payload() {
-        PayloadRule::None => 0,
-        PayloadRule::Exactly(n) => n,
-        _ => 16,
-    }
-}
-
-/// Fills every extension header an opcode needs with something plausible.
-fn fill_headers(r: &mut PacketRepr) {
-    use softrdma::proto::wire::{
-        AethRepr, AtomicAckEthRepr, DethRepr, FethRepr, HeaderKind as K, IethRepr, ImmDtRepr,
+#[test]
+fn qp_numbers_are_unpredictable() {
+    // Two devices: the QPNs of one tell nothing about the other's.
+    let qpns = |ip: [u8; 4]| {
+        let ctx = Context::open_port(IpAddr::from(ip), 0).unwrap();
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let qps: Vec<_> = (0..100).map(|_| pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap()).collect();
+        qps.iter().map(|q| q.endpoint().qpn).collect::<Vec<u32>>()
     };
-    let op = r.bth.opcode;
-    let h = op.headers();
-    r.payload_len = payload_for(op);
-    if h.contains(K::Deth) {
-        r.ext.deth = Some(DethRepr { qkey: softrdma::Qkey(1), src_qp: softrdma::Qpn::new(9) });
+    let (a, b) = (qpns([127, 0, 4, 6]), qpns([127, 0, 4, 7]));
+    for q in [&a, &b] {
+        let close = q.windows(2).filter(|w| w[1].wrapping_sub(w[0]) & 0xFF_FFFF < 1024).count();
+        assert!(close < 3, "QPNs look sequential: {:x?}", &q[..8]);
+        assert!(q.iter().all(|&n| (16..1 << 24).contains(&n)), "QPNs in 16..2^24");
+        let mut d = q.clone();
+        d.sort_unstable();
+        d.dedup();
+        assert_eq!(d.len(), q.len(), "QPNs distinct");
     }
-    if h.contains(K::Feth) {
-        r.ext.feth = Some(FethRepr { placement_type: 1, selectivity: 0 });
-    }
-    if h.contains(K::Reth) {
-        r.ext.reth = Some(RethRepr { va: 0, rkey: Rkey(1), dma_len: r.payload_len as u32 });
-    }
-    if h.contains(K::AtomicEth) {
-        r.ext.atomic_eth = Some(AtomicEthRepr { va: 0, rkey: Rkey(1), swap_add: 0, compare: 0 });
-    }
-    if h.contains(K::Aeth) {
-        r.ext.aeth = Some(AethRepr { syndrome: AethSyndrome::ACK, msn: 0 });
-    }
-    if h.contains(K::AtomicAckEth) {
-        r.ext.atomic_ack_eth = Some(AtomicAckEthRepr { orig: 0 });
-    }
-    if h.contains(K::ImmDt) {
-        r.ext.immdt = Some(ImmDtRepr { value: 0 });
-    }
-    if h.contains(K::Ieth) {
-        r.ext.ieth = Some(IethRepr { rkey: Rkey(1) });
-    }
+    assert_ne!(a[0], b[0], "two devices start from different QPNs");
+    // The top bits are used too: 100 draws from 2^24 all below 2^20 would be a sign of a
+    // narrow generator.
+    assert!(a.iter().chain(&b).any(|&n| n >= 1 << 20));
 }
 
 #[test]

@@ -16,7 +16,7 @@ impl QueuePair {
         }
         let psn = pkt.bth().psn();
         // A response can only be for something sent and not yet acknowledged.
-        if psn.distance(self.req.next_psn - 1) > 0 || psn.distance(self.req.acked_psn) <= 0 {
+        if !self.req.outstanding(psn) {
             self.stats.dropped += 1;
             return;
         }

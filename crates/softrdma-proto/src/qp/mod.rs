@@ -193,6 +193,9 @@ pub struct QpStats {
     pub duplicates: u64,
     /// Packets dropped for a bad state, address, Q_Key or out-of-window PSN.
     pub dropped: u64,
+    /// Of those, packets from the peer's IP address but not from the UDP port its first
+    /// valid packet came from (see [`QueuePair::handle_packet`]).
+    pub wrong_port: u64,
     /// RNR NAKs sent.
     pub rnr_naks_sent: u64,
     /// Sequence NAKs sent.
@@ -247,6 +250,8 @@ pub struct QueuePair {
     qkey: Qkey,
     mtu: Mtu,
     remote: Option<SocketAddr>,
+    /// The UDP port the peer sends from, latched from its first valid packet.
+    peer_port: Option<u16>,
     /// The address vector's traffic class.
     traffic_class: u8,
     dest_qpn: Qpn,
@@ -290,6 +295,7 @@ impl QueuePair {
             qkey: Qkey(0),
             mtu: Mtu::Mtu1024,
             remote: None,
+            peer_port: None,
             traffic_class: 0,
             dest_qpn: Qpn::new(0),
             max_rd_atomic: 0,
@@ -386,6 +392,7 @@ impl QueuePair {
         }
         if let Some(r) = attr.remote {
             self.remote = Some(r);
+            self.peer_port = None;
         }
         if let Some(t) = attr.traffic_class {
             self.traffic_class = t;
@@ -607,12 +614,28 @@ impl QueuePair {
         };
         let connected = self.cfg.qp_type != QpType::Ud;
         let state_ok = matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe);
-        // Like rxe, a connected QP checks the peer's IP address, not its UDP port: rxe sends
-        // from a port of its own per QP (0xC000 | a hash), while replies go to 4791.
+        // A connected QP takes packets from its peer's IP address, and from one UDP port:
+        // the peer's source port is not known in advance (rxe sends from a port of its own
+        // per QP, 0xC000 | a hash, while replies go to 4791), so the QP latches the port of
+        // the first packet that could only come from the peer (the PSN it expects, or a
+        // response to a PSN outstanding) and drops packets from any other port after that.
+        // A blind attacker who spoofs the peer's address must then also guess the port.
         let from_peer = self.remote.is_some_and(|r| r.ip() == src.ip());
         if !transport_ok || !state_ok || (connected && !from_peer) {
             self.stats.dropped += 1;
             return;
+        }
+        if connected {
+            match self.peer_port {
+                Some(port) if port != src.port() => {
+                    self.stats.dropped += 1;
+                    self.stats.wrong_port += 1;
+                    return;
+                }
+                Some(_) => {}
+                None if self.latches(pkt) => self.peer_port = Some(src.port()),
+                None => {}
+            }
         }
         if op.is_request() {
             if self.cfg.srq.is_some() && srq.is_none() {
@@ -623,6 +646,18 @@ impl QueuePair {
             self.handle_request(now, src, tos, pkt, mem, &mut srq);
         } else if self.state != QpState::Rtr {
             self.handle_response(now, pkt, mem);
+        }
+    }
+
+    /// Whether a packet from the peer's address is one only the peer could send (before its
+    /// port is known): a request with the PSN expected next (any first packet on UC), or
+    /// a response to a PSN outstanding.
+    fn latches(&self, pkt: &Packet<&[u8]>) -> bool {
+        let psn = pkt.bth().psn();
+        if pkt.opcode().is_request() {
+            self.cfg.qp_type == QpType::Uc || psn == self.resp.expected_psn()
+        } else {
+            self.req.outstanding(psn)
         }
     }
 

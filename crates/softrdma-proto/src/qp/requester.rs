@@ -71,6 +71,12 @@ impl Requester {
         }
     }
 
+    /// Whether `psn` was sent and is not yet acknowledged: the only PSNs a response (ACK,
+    /// NAK, READ response, atomic ACK) may carry.
+    pub(super) fn outstanding(&self, psn: Psn) -> bool {
+        psn.distance(self.next_psn - 1) <= 0 && psn.distance(self.acked_psn) > 0
+    }
+
     /// PSNs sent and not acknowledged.
     pub(super) fn inflight(&self) -> u32 {
         (self.next_psn.get().wrapping_sub(self.acked_psn.get()).wrapping_sub(1)) & crate::MASK_24

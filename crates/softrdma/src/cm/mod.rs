@@ -447,8 +447,7 @@ fn check_qp_home(st: &IdState, pd: &ProtectionDomain) -> Result<()> {
 }
 
 fn random_u32() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    std::collections::hash_map::RandomState::new().build_hasher().finish() as u32
+    crate::random_u64() as u32
 }
 
 impl CmId {
@@ -1002,7 +1001,7 @@ fn enable_cm(ctx: &Context) {
     let guid = ctx.device().node_guid;
     ctx.inner.engine.cm_enable(|| CmConfig {
         ca_guid: guid,
-        seed: u64::from(random_u32()) << 32 | u64::from(random_u32()),
+        seed: crate::random_u64(),
         ..CmConfig::default()
     });
 }
