@@ -205,6 +205,14 @@ fn cm_err(e: CmError) -> Error {
     Error::Cm(e)
 }
 
+/// A region may be at most `max_mr_size` bytes, as the device advertises.
+fn check_mr_size(len: usize) -> Result<()> {
+    if len as u64 > crate::device::MAX_MR_SIZE {
+        return Err(Error::Limit("max_mr_size (a region is at most 2^40 bytes)"));
+    }
+    Ok(())
+}
+
 fn ns(d: Duration) -> u64 {
     d.as_nanos().min(u128::from(u64::MAX - 1)) as u64
 }
@@ -406,11 +414,12 @@ impl Engine {
         access: Access,
         max_mr: usize,
     ) -> Result<Arc<MrInner>> {
+        check_mr_size(len)?;
         let mut core = self.lock();
         if core.mem.len() >= max_mr {
             return Err(Error::Limit("max_mr"));
         }
-        Ok(core.mem.register(pd, len, access))
+        core.mem.register(pd, len, access)
     }
 
     /// Registers a caller's range.
@@ -426,6 +435,7 @@ impl Engine {
         access: Access,
         max_mr: usize,
     ) -> Result<Arc<MrInner>> {
+        check_mr_size(len)?;
         let mut core = self.lock();
         if core.mem.len() >= max_mr {
             return Err(Error::Limit("max_mr"));

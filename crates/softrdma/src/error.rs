@@ -59,6 +59,12 @@ pub enum Error {
         /// Its status.
         status: i32,
     },
+    /// The memory for a region could not be allocated.
+    #[error("cannot allocate {bytes} bytes for a memory region")]
+    OutOfMemory {
+        /// The size asked for.
+        bytes: usize,
+    },
     /// A blocking call's time ran out.
     #[error("timed out: {0}")]
     TimedOut(&'static str),
@@ -75,7 +81,7 @@ impl Error {
             Error::NoSuchDevice(_) | Error::UnknownDevice(_) => libc::ENODEV,
             Error::InvalidArgument(_) | Error::Modify(_) | Error::Mismatch => libc::EINVAL,
             Error::UnsupportedAccess(_) => libc::EOPNOTSUPP,
-            Error::Limit(_) => libc::ENOMEM,
+            Error::Limit(_) | Error::OutOfMemory { .. } => libc::ENOMEM,
             Error::Post(PostError::QueueFull) => libc::ENOMEM,
             Error::Post(_) => libc::EINVAL,
             Error::Cm(softrdma_proto::cm::CmError::InUse) => libc::EADDRINUSE,

@@ -171,6 +171,22 @@ impl MrInner {
     }
 }
 
+/// `n` zeroed atomic words, or `None` if the allocator refuses: a failed allocation is an
+/// error for the caller, not an abort. The zeroed allocation leaves untouched pages to the
+/// kernel's lazily zeroed mappings, so a large region costs memory only as it is used.
+fn zeroed_words(n: usize) -> Option<Box<[AtomicU64]>> {
+    let layout = std::alloc::Layout::array::<AtomicU64>(n).ok()?;
+    // SAFETY: `layout` has a nonzero size (n >= 1 words of 8 bytes).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<AtomicU64>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` is a fresh allocation of `layout` = n AtomicU64s from the global
+    // allocator, all bytes zero, which is a valid AtomicU64 (0); the Box frees it with the
+    // same layout.
+    Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) })
+}
+
 /// Every registered region of a device, by key.
 ///
 /// Keys are the standard library's randomly keyed hash (SipHash-1-3 today) of a counter,
@@ -207,10 +223,10 @@ impl Registry {
         }
     }
 
-    /// Registers a zeroed region of `len` bytes.
-    pub(crate) fn register(&mut self, pd: PdId, len: usize, access: Access) -> Arc<MrInner> {
-        let words = (0..len.div_ceil(8).max(1)).map(|_| AtomicU64::new(0)).collect();
-        self.insert(Storage::Owned(words), len, pd, access)
+    /// Registers a zeroed region of `len` bytes, or says the memory cannot be had.
+    pub(crate) fn register(&mut self, pd: PdId, len: usize, access: Access) -> crate::Result<Arc<MrInner>> {
+        let words = zeroed_words(len.div_ceil(8).max(1)).ok_or(crate::Error::OutOfMemory { bytes: len })?;
+        Ok(self.insert(Storage::Owned(words), len, pd, access))
     }
 
     /// Registers a caller's range.

@@ -312,6 +312,15 @@ impl PreparedQp {
         }
         let dest_qpn = Qpn::try_new(remote.qpn).ok_or(Error::InvalidArgument("remote QPN above 24 bits"))?;
         let rq_psn = Psn::try_new(remote.psn).ok_or(Error::InvalidArgument("remote PSN above 24 bits"))?;
+        if opts.rd_atomic > MAX_QP_RD_ATOM {
+            return Err(Error::Limit("max_qp_rd_atom"));
+        }
+        let peer = crate::sys::canonical(remote.addr);
+        if peer.is_ipv4() != self.qp.ctx.engine.local().is_ipv4() {
+            return Err(Error::InvalidArgument(
+                "the peer's address is of another IP family than the device's (IPv4 and IPv6 do not mix)",
+            ));
+        }
         let ours = self.qp.ctx.device.active_mtu();
         let theirs = [Mtu::Mtu4096, Mtu::Mtu2048, Mtu::Mtu1024, Mtu::Mtu512, Mtu::Mtu256]
             .into_iter()
@@ -322,7 +331,7 @@ impl PreparedQp {
         let rtr = QpAttr {
             state: Some(QpState::Rtr),
             path_mtu: Some(mtu),
-            remote: Some(crate::sys::canonical(remote.addr)),
+            remote: Some(peer),
             dest_qpn: Some(dest_qpn),
             rq_psn: Some(rq_psn),
             max_dest_rd_atomic: rc.then_some(opts.rd_atomic),
@@ -418,6 +427,11 @@ impl QueuePair {
         let mut attr = *attr;
         if let Some(a) = attr.access_flags {
             attr.access_flags = Some(check_access_bits(a)?);
+        }
+        // The device advertises max_qp_rd_atom and max_qp_init_rd_atom; more is refused,
+        // as a NIC refuses it.
+        if attr.max_rd_atomic.max(attr.max_dest_rd_atomic).is_some_and(|n| n > MAX_QP_RD_ATOM) {
+            return Err(Error::Limit("max_qp_rd_atom"));
         }
         self.ctx.engine.modify_qp(self.qpn, &attr, |_| {})
     }

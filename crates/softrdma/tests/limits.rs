@@ -101,3 +101,71 @@ fn a_thousand_qps_with_traffic_on_every_one() {
     }
     assert_eq!(dst.to_vec(), data);
 }
+
+/// Each advertised limit admits its maximum and refuses one more, with a typed error.
+#[test]
+fn every_limit_admits_its_maximum_and_refuses_one_more() {
+    use softrdma::{MAX_MR, MAX_MR_SIZE, MAX_QP, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE};
+    let ctx = Context::open_port(IpAddr::from([127, 0, 5, 5]), 0).unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16, None).unwrap();
+    let attr = ctx.query_device();
+    assert_eq!((attr.max_qp, attr.max_mr, attr.max_mr_size), (MAX_QP, MAX_MR, MAX_MR_SIZE));
+
+    // Region size: a large region is lazily zeroed memory, not an abort; more than
+    // max_mr_size is refused before any allocation; the maximum itself is either granted
+    // or refused for want of memory, never an abort.
+    let big = pd.register(1 << 30, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(big.len(), 1 << 30);
+    drop(big);
+    for len in [MAX_MR_SIZE as usize + 1, usize::MAX] {
+        let e = pd.register(len, Access::LOCAL_WRITE).unwrap_err();
+        assert!(matches!(e, Error::Limit(l) if l.starts_with("max_mr_size")), "{len}: {e}");
+        assert_eq!(e.errno(), libc_enomem());
+    }
+    match pd.register(MAX_MR_SIZE as usize, Access::LOCAL_WRITE) {
+        Ok(mr) => assert_eq!(mr.len() as u64, MAX_MR_SIZE),
+        Err(e) => assert!(matches!(e, Error::OutOfMemory { .. }), "{e}"),
+    }
+
+    // Receive queue depth and scatter/gather entries, as the send side's.
+    let ok = QpCaps { max_recv_wr: MAX_QP_WR, max_recv_sge: MAX_SGE, ..QpCaps::default() };
+    pd.prepare_qp(&QpBuilder::rc().caps(ok), &cq, &cq).unwrap();
+    let wr = QpCaps { max_recv_wr: MAX_QP_WR + 1, ..QpCaps::default() };
+    assert!(matches!(pd.prepare_qp(&QpBuilder::rc().caps(wr), &cq, &cq), Err(Error::Limit("max_qp_wr"))));
+    let sge = QpCaps { max_recv_sge: MAX_SGE + 1, ..QpCaps::default() };
+    assert!(matches!(pd.prepare_qp(&QpBuilder::rc().caps(sge), &cq, &cq), Err(Error::Limit("max_sge"))));
+    // A receive with more entries than the QP was created for is refused.
+    let two = QpCaps { max_recv_sge: 2, ..QpCaps::default() };
+    let p = pd.prepare_qp(&QpBuilder::rc().caps(two), &cq, &cq).unwrap();
+    let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
+    let sges = |n: usize| (0..n).map(|k| mr.sge(8 * k, 8).unwrap()).collect::<Vec<_>>();
+    p.post_recv(RecvWr { wr_id: 1, sg_list: sges(2) }).unwrap();
+    assert!(matches!(p.post_recv(RecvWr { wr_id: 2, sg_list: sges(3) }), Err(Error::Post(_))));
+
+    // A peer of the other IP family is refused at once, not after the retries run out.
+    let v6 = softrdma::EndpointInfo { addr: "[::1]:4791".parse().unwrap(), ..p.endpoint() };
+    let e = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap().handshake(&v6, &ConnectOptions::default());
+    assert!(matches!(e, Err(Error::InvalidArgument(m)) if m.contains("IP family")), "{:?}", e.map(|_| ()));
+
+    // READs and atomics in flight: the maximum connects, one more is refused.
+    let me = p.endpoint();
+    let peer = softrdma::EndpointInfo { qpn: 0xABCDE, ..me };
+    let with = |rd_atomic| ConnectOptions { rd_atomic, ..ConnectOptions::default() };
+    pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap().handshake(&peer, &with(MAX_QP_RD_ATOM)).unwrap();
+    let e = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap().handshake(&peer, &with(MAX_QP_RD_ATOM + 1));
+    assert!(matches!(e, Err(Error::Limit("max_qp_rd_atom"))), "{:?}", e.map(|_| ()));
+    drop((p, mr));
+
+    // Memory regions: exactly MAX_MR of them, whatever their size.
+    let mrs: Vec<_> = (0..MAX_MR).map(|_| pd.register(1, Access::NONE).unwrap()).collect();
+    assert!(matches!(pd.register(1, Access::NONE), Err(Error::Limit("max_mr"))));
+    drop(mrs);
+    pd.register(1, Access::NONE).unwrap();
+
+    // QPs: exactly MAX_QP of them.
+    let qps: Vec<_> = (0..MAX_QP).map(|_| pd.create_qp(&QpBuilder::rc(), &cq, &cq).unwrap()).collect();
+    assert!(matches!(pd.create_qp(&QpBuilder::rc(), &cq, &cq), Err(Error::Limit("max_qp"))));
+    drop(qps);
+    pd.create_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
+}
