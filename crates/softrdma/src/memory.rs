@@ -360,7 +360,7 @@ mod tests {
     #[test]
     fn word_copies_match_a_byte_array_at_every_offset_and_length() {
         let mut reg = Registry::new();
-        let mr = reg.register(PdId(1), 64, Access::LOCAL_WRITE);
+        let mr = reg.register(PdId(1), 64, Access::LOCAL_WRITE).unwrap();
         let mut model = vec![0u8; 64];
         let mut k = 0u8;
         for off in 0..24 {
