@@ -90,3 +90,47 @@ fn packets_delayed_past_the_ack_timeout() {
         assert!(r.requester.timeouts > 0, "the delays caused timeouts");
     }
 }
+
+/// The checker fires: each injected fault is reported, and the same run without it is
+/// clean. Loss and duplication make the network retransmit and duplicate meanwhile.
+#[test]
+fn the_checker_reports_every_injected_fault() {
+    use softrdma_proto::sim::{run_workload_with_fault, Fault, MemFault};
+    let cfg = WorkloadConfig {
+        ops: 600,
+        seed: 11,
+        impairments: Impairments::from_percent(2.0, 1.0, 2.0, 0.5),
+        depth: 8,
+        max_size: 8192,
+        ..WorkloadConfig::default()
+    };
+    let clean = run_workload(cfg);
+    assert_eq!(
+        (clean.completed, clean.data_errors, clean.status_errors),
+        (600, 0, 0),
+        "{:?}",
+        clean.problems
+    );
+    let mem = |node, fault, nth| Fault::Memory { node, fault, nth };
+    let faults = [
+        // Data: the checker must count a data error.
+        (mem(1, MemFault::FetchAddTwice, 20), true),
+        (mem(1, MemFault::WriteOutside, 50), true),
+        (mem(0, MemFault::WriteOutside, 30), true),
+        (mem(1, MemFault::CorruptPayload, 70), true),
+        (mem(0, MemFault::CorruptPayload, 40), true),
+        (Fault::LateWrite(100), true),
+        (Fault::LateWrite(400), true),
+        // Completions: a status error.
+        (Fault::DropCompletion(100), false),
+        (Fault::SwapCompletions(100), false),
+        (Fault::DeliverTwice(50), false),
+        (Fault::TrailingCompletion, false),
+    ];
+    for (fault, data) in faults {
+        let r = run_workload_with_fault(cfg, fault);
+        let seen = if data { r.data_errors } else { r.status_errors };
+        assert!(seen > 0, "{fault:?} went unreported: {:?}", r.problems);
+        eprintln!("{fault:?}: {}", r.problems[0]);
+    }
+}

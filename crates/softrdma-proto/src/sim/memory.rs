@@ -31,6 +31,19 @@ pub enum RegisterError {
 /// successful [`Memory::write`] or [`Memory::atomic`] (8 bytes).
 pub type WriteRecord = (Lkey, u64, usize);
 
+/// A fault [`SimMemory`] can be told to commit once (see [`SimMemory::inject`]), so that
+/// tests can show that the workload checker sees it.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemFault {
+    /// A FetchAdd is executed twice (returning the first result).
+    FetchAddTwice,
+    /// A write also changes the byte before its start.
+    WriteOutside,
+    /// A write has its last byte flipped (as if corrupted after the ICRC check).
+    CorruptPayload,
+}
+
 /// A registered region.
 #[derive(Debug)]
 struct Region {
@@ -66,6 +79,8 @@ pub struct SimMemory {
     /// Lkey of each region by rkey.
     by_rkey: BTreeMap<u32, u32>,
     writes: Vec<WriteRecord>,
+    /// The fault to commit, and how many more candidates to let pass first.
+    fault: Option<(MemFault, u32)>,
 }
 
 impl fmt::Debug for SimMemory {
@@ -88,6 +103,7 @@ impl SimMemory {
             regions: BTreeMap::new(),
             by_rkey: BTreeMap::new(),
             writes: Vec::new(),
+            fault: None,
         }
     }
 
@@ -201,6 +217,38 @@ impl SimMemory {
     }
 }
 
+impl SimMemory {
+    /// Commits `fault` once, on its `nth` occasion (1: the first FetchAdd or non-empty
+    /// write from now on). For tests of the checkers only.
+    #[doc(hidden)]
+    pub fn inject(&mut self, fault: MemFault, nth: u32) {
+        self.fault = Some((fault, nth.max(1)));
+    }
+
+    /// Whether the injected fault is `kind` and this occasion is its turn.
+    fn fires(&mut self, kind: MemFault) -> bool {
+        match self.fault {
+            Some((f, n)) if f == kind => {
+                self.fault = if n <= 1 { None } else { Some((f, n - 1)) };
+                n <= 1
+            }
+            _ => false,
+        }
+    }
+
+    /// After a successful write of `data` at `offset` of region `lkey`: the injected
+    /// write faults.
+    fn commit_write_fault(&mut self, lkey: u32, offset: usize, addr: u64, data: &[u8]) {
+        if offset > 0 && self.fires(MemFault::WriteOutside) {
+            self.region_mut(lkey).bytes[offset - 1] ^= 0xFF;
+            self.writes.push((Lkey(lkey), addr - 1, 1));
+        }
+        if self.fires(MemFault::CorruptPayload) {
+            self.region_mut(lkey).bytes[offset + data.len() - 1] ^= 0x01;
+        }
+    }
+}
+
 impl Memory for SimMemory {
     /// Local read needs no right (`Access::NONE` only validates key and domain). Bounds are
     /// not checked for `len == 0`.
@@ -231,6 +279,9 @@ impl Memory for SimMemory {
             self.region_mut(lkey).bytes[offset..offset + data.len()].copy_from_slice(data);
         }
         self.writes.push((Lkey(lkey), addr, data.len()));
+        if self.fault.is_some() && !data.is_empty() {
+            self.commit_write_fault(lkey, offset, addr, data);
+        }
         Ok(())
     }
 
@@ -248,6 +299,11 @@ impl Memory for SimMemory {
         let old = u64::from_ne_bytes(target.try_into().expect("8-byte range"));
         target.copy_from_slice(&op.apply(old).to_ne_bytes());
         self.writes.push((Lkey(lkey), addr, 8));
+        if matches!(op, AtomicOp::FetchAdd { .. }) && self.fires(MemFault::FetchAddTwice) {
+            let target = &mut self.region_mut(lkey).bytes[offset..offset + 8];
+            let now = u64::from_ne_bytes(target.try_into().expect("8-byte range"));
+            target.copy_from_slice(&op.apply(now).to_ne_bytes());
+        }
         Ok(old)
     }
 

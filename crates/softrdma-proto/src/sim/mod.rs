@@ -14,10 +14,10 @@ mod workload;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-pub use memory::{RegisterError, SimMemory, WriteRecord};
+pub use memory::{MemFault, RegisterError, SimMemory, WriteRecord};
 pub use network::{Datagram, Impairments, NetStats, Network};
 pub use rng::Rng;
-pub use workload::{run_workload, WorkloadConfig, WorkloadReport};
+pub use workload::{run_workload, run_workload_with_fault, Fault, WorkloadConfig, WorkloadReport};
 
 use crate::endpoint::{Arrival, Endpoint};
 use crate::memory::{Access, PdId};

@@ -7,11 +7,30 @@
 //! memory slots, filled with fresh random bytes, so that every byte that lands can be
 //! checked; atomics run on one shared counter whose value the checker tracks. Completions
 //! must arrive in posting order, with success, the right opcode and length.
+//!
+//! What the checker holds the transport to:
+//! - every completion once, in order, with the right status, opcode, length and immediate;
+//! - every byte that lands (a SEND or WRITE at node 1, a READ or an atomic's fetched value
+//!   at node 0) is, when it lands, the byte of an operation in flight whose target holds
+//!   it: a write anywhere else, or of other bytes (a late duplicate of an older operation
+//!   into a reused slot, a corrupted byte) is an error;
+//! - atomics: each fetched value is the counter the model expects before it, and at the end
+//!   the counter in memory equals the model's (a FetchAdd executed twice shows in both);
+//! - after the last completion the network is run until idle: any further completion or
+//!   write is an error.
+//!
+//! A CompareSwap executed twice in a row is invisible in memory (the second compare fails
+//! and changes nothing); it shows only if its second result is the one returned.
+//!
+//! Tests prove that the checker fires: [`run_workload_with_fault`] injects one fault (an
+//! atomic executed twice, a completion dropped, two completions swapped, a message
+//! delivered twice, a trailing completion, a byte written outside its target, a payload
+//! byte corrupted past the ICRC check, a late duplicate write) and the report must show it.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use super::{ConnectParams, Impairments, NetStats, Rng, Sim};
+use super::{ConnectParams, Impairments, MemFault, NetStats, Rng, Sim};
 use crate::memory::{Access, PdId};
 use crate::qp::{
     QpStats, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
@@ -74,6 +93,34 @@ pub struct WorkloadReport {
     pub problems: Vec<String>,
 }
 
+/// A fault to inject, to show that the checker reports it (tests only).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Node `node`'s memory commits `fault` on its `nth` occasion.
+    Memory {
+        /// 0: the requester's side; 1: the responder's.
+        node: usize,
+        /// What goes wrong.
+        fault: MemFault,
+        /// On which occasion.
+        nth: u32,
+    },
+    /// The `nth` send completion is lost.
+    DropCompletion(u32),
+    /// The `nth` send completion and the next come the other way round (the first one that
+    /// is polled together with the next).
+    SwapCompletions(u32),
+    /// The `nth` receive completion is delivered twice.
+    DeliverTwice(u32),
+    /// A copy of the last send completion comes after the end.
+    TrailingCompletion,
+    /// The bytes of the `nth` write at node 1 land again after their operation completed,
+    /// as a late duplicate WRITE would: when the slot is free or a newer operation's bytes
+    /// are already in place there.
+    LateWrite(u32),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Send,
@@ -119,10 +166,30 @@ struct Run {
     recv_order: VecDeque<u64>,
     free_slots: Vec<usize>,
     report: WorkloadReport,
+    fault: Option<Fault>,
+    /// Send and receive completions seen so far (for the completion faults).
+    send_seen: u32,
+    recv_seen: u32,
+    /// The last send completion polled.
+    last_send: Option<WorkCompletion>,
+    /// [`Fault::LateWrite`]: writes at node 1 seen, and the one to replay (its operation,
+    /// address and bytes).
+    writes_seen: u32,
+    replay: Option<(u64, u64, Vec<u8>)>,
 }
 
 /// Runs the workload.
 pub fn run_workload(cfg: WorkloadConfig) -> WorkloadReport {
+    run(cfg, None)
+}
+
+/// Runs the workload with `fault` injected (tests of the checker only).
+#[doc(hidden)]
+pub fn run_workload_with_fault(cfg: WorkloadConfig, fault: Fault) -> WorkloadReport {
+    run(cfg, Some(fault))
+}
+
+fn run(cfg: WorkloadConfig, fault: Option<Fault>) -> WorkloadReport {
     let mut sim = Sim::new(cfg.seed, cfg.impairments, 2);
     let (qa, qb) = sim.connect(0, 1, QpType::Rc, cfg.params);
     let slot_len = cfg.max_size.max(8);
@@ -145,7 +212,16 @@ pub fn run_workload(cfg: WorkloadConfig) -> WorkloadReport {
         recv_order: VecDeque::new(),
         free_slots: (0..cfg.depth).rev().collect(),
         report: WorkloadReport::default(),
+        fault,
+        send_seen: 0,
+        recv_seen: 0,
+        last_send: None,
+        writes_seen: 0,
+        replay: None,
     };
+    if let Some(Fault::Memory { node, fault, nth }) = fault {
+        run.sim.nodes[node].mem.inject(fault, nth);
+    }
     run.go();
     run.report
 }
@@ -342,15 +418,27 @@ impl Run {
     }
 
     /// Every byte written since the last check must lie in memory an in-flight operation
-    /// targets: its slot at node 1 (SEND, WRITE) or node 0 (READ, atomic result), or the
-    /// atomic counter. Anything else is a stray write.
+    /// targets — its slot at node 1 (SEND, WRITE) or node 0 (READ, atomic result), or the
+    /// atomic counter — and hold that operation's bytes. Anything else is a stray or wrong
+    /// write.
     fn check_writes(&mut self) {
+        self.late_write();
         let slot_len = self.slot_len() as u64;
         let counter = B_BASE + self.counter_off as u64;
-        let mut stray = Vec::new();
-        for (node, base) in [(0usize, A_BASE), (1, B_BASE)] {
-            for &(_, addr, len) in self.sim.nodes[node].mem.writes() {
-                let ok = self.ops.values().any(|op| {
+        let mut bad = Vec::new();
+        for (node, base, lkey) in [(0usize, A_BASE, self.a.0), (1, B_BASE, self.b.0)] {
+            let mem = &self.sim.nodes[node].mem;
+            let now = mem.bytes(lkey).unwrap_or(&[]);
+            for &(_, addr, len) in mem.writes() {
+                if node == 1 && addr == counter && len == 8 {
+                    // The counter: any atomic in flight may write it; its value is checked
+                    // by the fetched values and at the end.
+                    if !self.ops.values().any(|op| matches!(op.kind, Kind::FetchAdd | Kind::CompareSwap)) {
+                        bad.push(format!("write to the counter with no atomic in flight"));
+                    }
+                    continue;
+                }
+                let owner = self.ops.values().find(|op| {
                     let targets_here = match op.kind {
                         Kind::Send | Kind::SendImm | Kind::Write | Kind::WriteImm => node == 1,
                         Kind::Read | Kind::FetchAdd | Kind::CompareSwap => node == 0,
@@ -359,16 +447,165 @@ impl Run {
                     let atomic = matches!(op.kind, Kind::FetchAdd | Kind::CompareSwap);
                     let end = start + if atomic { 8 } else { op.len as u64 };
                     targets_here && addr >= start && addr + len as u64 <= end
-                        || node == 1 && atomic && addr == counter && len == 8
                 });
-                if !ok {
-                    stray.push(format!("stray write of {len} bytes at {addr:#x} on node {node}"));
+                let Some(op) = owner else {
+                    bad.push(format!("stray write of {len} bytes at {addr:#x} on node {node}"));
+                    continue;
+                };
+                let start = (addr - base) as usize;
+                let within = start - op.slot * slot_len as usize;
+                let before = op.atomic_before.to_ne_bytes();
+                let want = match op.kind {
+                    Kind::FetchAdd | Kind::CompareSwap => &before[within..within + len],
+                    _ => &op.data[within..within + len],
+                };
+                if now.get(start..start + len) != Some(want) {
+                    bad.push(format!(
+                        "write of {len} bytes at {addr:#x} on node {node}: not the bytes of its operation"
+                    ));
                 }
             }
+        }
+        for node in 0..2 {
             self.sim.nodes[node].mem.clear_write_log();
         }
-        for s in stray {
+        for s in bad {
             self.problem(true, s);
+        }
+    }
+
+    /// [`Fault::LateWrite`]: remembers the chosen write, and replays it once its operation
+    /// is done and the slot is free or holds a newer operation's bytes.
+    fn late_write(&mut self) {
+        let Some(Fault::LateWrite(nth)) = self.fault else { return };
+        let slot_len = self.slot_len();
+        fn owner(ops: &HashMap<u64, Op>, slot: usize) -> Option<(u64, &Op)> {
+            ops.iter().find(|(_, op)| op.slot == slot).map(|(id, op)| (*id, op))
+        }
+        if self.replay.is_none() {
+            let writes = self.sim.nodes[1].mem.writes().to_vec();
+            for (_, addr, len) in writes {
+                self.writes_seen += 1;
+                let off = (addr - B_BASE) as usize;
+                if self.writes_seen >= nth && len >= 2 && off < self.counter_off {
+                    let Some((id, _)) = owner(&self.ops, off / slot_len) else { continue };
+                    let bytes =
+                        self.sim.nodes[1].mem.bytes(self.b.0).expect("region")[off..off + len].to_vec();
+                    self.replay = Some((id, addr, bytes));
+                    break;
+                }
+            }
+            return;
+        }
+        let Some((id, addr, bytes)) = self.replay.clone() else { return };
+        let off = (addr - B_BASE) as usize;
+        let ready = match owner(&self.ops, off / slot_len) {
+            None => true,
+            Some((now, op))
+                if now != id
+                    && matches!(op.kind, Kind::Send | Kind::SendImm | Kind::Write | Kind::WriteImm) =>
+            {
+                let within = off - op.slot * slot_len;
+                let mem = self.sim.nodes[1].mem.bytes(self.b.0).expect("region");
+                within + bytes.len() <= op.len
+                    && mem[off..off + bytes.len()] == op.data[within..within + bytes.len()]
+            }
+            Some(_) => false,
+        };
+        if ready && !self.ops.contains_key(&id) {
+            let key = crate::memory::MemKey::Local(self.b.0);
+            let _ = crate::memory::Memory::write(
+                &mut self.sim.nodes[1].mem,
+                PdId(1),
+                key,
+                addr,
+                &bytes,
+                Access::LOCAL_WRITE,
+            );
+            self.fault = None;
+        }
+    }
+
+    /// Polls both QPs' completions and checks them (with the completion faults applied).
+    fn poll(&mut self) {
+        let mut sends = Vec::new();
+        let qp = self.sim.nodes[0].endpoint.qp_mut(self.qa).expect("qp");
+        while let Some(wc) = qp.poll_send_completion() {
+            sends.push(wc);
+        }
+        let mut recvs = Vec::new();
+        let qp = self.sim.nodes[1].endpoint.qp_mut(self.qb).expect("qp");
+        while let Some(wc) = qp.poll_recv_completion() {
+            recvs.push(wc);
+        }
+        let first = self.send_seen;
+        self.send_seen += sends.len() as u32;
+        self.last_send = sends.last().copied().or(self.last_send);
+        let at = |n: u32| (n > first && n <= first + sends.len() as u32).then(|| (n - first - 1) as usize);
+        match self.fault {
+            Some(Fault::DropCompletion(n)) => {
+                if let Some(i) = at(n) {
+                    sends.remove(i);
+                    self.fault = None;
+                }
+            }
+            Some(Fault::SwapCompletions(n)) if n > first => {
+                if let Some(i) = at(n).filter(|&i| i + 1 < sends.len()) {
+                    sends.swap(i, i + 1);
+                    self.fault = None;
+                } else if at(n).is_some() {
+                    // Alone in its batch: try the next batch's first.
+                    self.fault = Some(Fault::SwapCompletions(self.send_seen + 1));
+                }
+            }
+            _ => {}
+        }
+        let first = self.recv_seen;
+        self.recv_seen += recvs.len() as u32;
+        if let Some(Fault::DeliverTwice(n)) = self.fault {
+            if n > first && n <= self.recv_seen {
+                let i = (n - first - 1) as usize;
+                recvs.insert(i + 1, recvs[i]);
+                self.fault = None;
+            }
+        }
+        for wc in sends {
+            self.check_send_wc(wc);
+        }
+        for wc in recvs {
+            self.check_recv_wc(wc);
+        }
+    }
+
+    /// After the last completion: runs the network until nothing is left (a bounded time),
+    /// and requires that no completion and no write comes, and that the counter in memory
+    /// is the model's.
+    fn drain(&mut self) {
+        let end = self.sim.now + Duration::from_secs(60);
+        while self.sim.now <= end && self.sim.advance() {}
+        let mut late = Vec::new();
+        let qp = self.sim.nodes[0].endpoint.qp_mut(self.qa).expect("qp");
+        while let Some(wc) = qp.poll_send_completion() {
+            late.push(wc);
+        }
+        let qp = self.sim.nodes[1].endpoint.qp_mut(self.qb).expect("qp");
+        while let Some(wc) = qp.poll_recv_completion() {
+            late.push(wc);
+        }
+        if self.fault == Some(Fault::TrailingCompletion) {
+            late.extend(self.last_send);
+        }
+        for wc in late {
+            self.problem(false, format!("completion of wr {} after the end", wc.wr_id));
+        }
+        self.check_writes();
+        let counter = self.sim.nodes[1]
+            .mem
+            .bytes(self.b.0)
+            .and_then(|b| b.get(self.counter_off..self.counter_off + 8))
+            .map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes")));
+        if counter != Some(self.counter) {
+            self.problem(true, format!("the counter ends at {counter:x?}, the model at {:x}", self.counter));
         }
     }
 
@@ -380,17 +617,9 @@ impl Run {
                 self.post_next(next_wr);
                 next_wr += 1;
             }
-            loop {
-                let qp = self.sim.nodes[0].endpoint.qp_mut(self.qa).expect("qp");
-                let Some(wc) = qp.poll_send_completion() else { break };
-                self.check_send_wc(wc);
-            }
-            loop {
-                let qp = self.sim.nodes[1].endpoint.qp_mut(self.qb).expect("qp");
-                let Some(wc) = qp.poll_recv_completion() else { break };
-                self.check_recv_wc(wc);
-            }
+            self.poll();
             if self.ops.is_empty() && next_wr >= self.cfg.ops {
+                self.drain();
                 break;
             }
             if self.ops.len() < self.cfg.depth && next_wr < self.cfg.ops {
