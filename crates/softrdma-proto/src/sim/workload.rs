@@ -434,7 +434,7 @@ impl Run {
                     // The counter: any atomic in flight may write it; its value is checked
                     // by the fetched values and at the end.
                     if !self.ops.values().any(|op| matches!(op.kind, Kind::FetchAdd | Kind::CompareSwap)) {
-                        bad.push(format!("write to the counter with no atomic in flight"));
+                        bad.push("write to the counter with no atomic in flight".to_string());
                     }
                     continue;
                 }
