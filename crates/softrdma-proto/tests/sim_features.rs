@@ -137,6 +137,10 @@ fn fence_and_the_outstanding_read_limit() {
         });
     }
     // The fenced WRITE overwrites what the READs read.
+    // With one READ allowed in flight, the first round sends the first READ alone.
+    p.sim.step();
+    let sent = p.sim.nodes[0].endpoint.qp(p.qa).unwrap().stats().packets_sent;
+    assert_eq!(sent, 1, "the second READ waits for the first's response");
     let fenced = SendFlags { signaled: true, fence: true, ..SendFlags::default() };
     let op = SendOp::Write { remote_addr: B_BASE, rkey: p.b.1 };
     p.post_send(SendWr {

@@ -66,26 +66,34 @@ impl Pair {
         qp.post_recv(RecvWr { wr_id, sg_list: vec![sge] }).unwrap();
     }
 
-    /// Runs until `n_send` send completions at A and `n_recv` receive completions at B.
+    /// Runs until `n_send` send completions at A and `n_recv` receive completions at B,
+    /// then on until the network is idle (a bounded virtual time): exactly that many must
+    /// come, so a doubled completion fails the caller.
     pub fn complete(&mut self, n_send: usize, n_recv: usize) -> (Vec<WorkCompletion>, Vec<WorkCompletion>) {
         let (qa, qb) = (self.qa, self.qb);
         let mut sends = Vec::new();
         let mut recvs = Vec::new();
-        let done = self.sim.run_until(Duration::from_secs(600), |sim| {
+        let mut poll = |sim: &mut Sim| {
             while let Some(wc) = sim.nodes[0].endpoint.qp_mut(qa).unwrap().poll_send_completion() {
                 sends.push(wc);
             }
             while let Some(wc) = sim.nodes[1].endpoint.qp_mut(qb).unwrap().poll_recv_completion() {
                 recvs.push(wc);
             }
-            sends.len() >= n_send && recvs.len() >= n_recv
+            (sends.len(), recvs.len())
+        };
+        let done = self.sim.run_until(Duration::from_secs(600), |sim| {
+            let (s, r) = poll(sim);
+            s >= n_send && r >= n_recv
         });
-        assert!(
-            done,
-            "timed out: {} of {n_send} send and {} of {n_recv} recv completions",
-            sends.len(),
-            recvs.len()
-        );
+        // Idle: nothing left to deliver or time out.
+        self.sim.run_until(Duration::from_secs(60), |sim| {
+            poll(sim);
+            false
+        });
+        let (s, r) = poll(&mut self.sim);
+        assert!(done, "timed out: {s} of {n_send} send and {r} of {n_recv} recv completions");
+        assert_eq!((s, r), (n_send, n_recv), "more completions than operations");
         (sends, recvs)
     }
 }
