@@ -246,8 +246,37 @@ fn event_mode_wakes_on_the_completion_channel() {
     assert_eq!(cq.id(), cqb.id());
     ch.ack_events(1);
     assert_eq!(cqb.poll_one().map(|w| w.wr_id), Some(1));
-    // Disarmed after one event: no second event without another req_notify.
-    assert!(ch.try_get_event().is_none());
+    // Disarmed after one event: a second completion brings no event without another
+    // req_notify; after one, a third does. The sender's completion proves the receive
+    // completed (the ACK leaves after it), without polling it (which would hide an event).
+    let send = |id| {
+        qa.post_send(SendWr {
+            wr_id: id,
+            op: SendOp::Send,
+            sg_list: vec![mra.sge(0, 8).unwrap()],
+            flags: signaled(),
+            ud: None,
+        })
+        .unwrap()
+    };
+    for id in [3, 4] {
+        qb_recv(&_qb, &mrb, id);
+    }
+    assert_eq!(wait(&cqa).wr_id, 2);
+    send(5);
+    assert_eq!(wait(&cqa).wr_id, 5);
+    assert!(ch.try_get_event().is_none(), "an event without req_notify");
+    assert_eq!(cqb.poll_one().map(|w| w.wr_id), Some(3));
+    cqb.req_notify(false).unwrap();
+    send(6);
+    let cq = ch.get_event_timeout(Duration::from_secs(20)).unwrap().expect("an event after req_notify");
+    assert_eq!(cq.id(), cqb.id());
+    ch.ack_events(1);
+    assert_eq!(cqb.poll_one().map(|w| w.wr_id), Some(4));
+}
+
+fn qb_recv(qp: &softrdma::QueuePair, mr: &softrdma::MemoryRegion, id: u64) {
+    qp.post_recv(RecvWr { wr_id: id, sg_list: vec![mr.sge(0, 64).unwrap()] }).unwrap();
 }
 
 #[test]
@@ -388,10 +417,15 @@ fn raw_registration_and_cq_overrun() {
     };
     assert_eq!(event, small.id());
     assert_eq!(qb.state(), softrdma::QpState::Error);
+    // Every receive posted completes exactly once, in order: those that got their SEND
+    // with success (at least the three that overran the CQ), the rest flushed.
     let mut all = vec![softrdma::EMPTY_WC; 16];
     let n = small.poll(&mut all);
-    assert!(n >= 3, "completions past the CQ's size are kept, not dropped: {n}");
-    assert_eq!(all[..3].iter().map(|w| w.status).collect::<Vec<_>>(), vec![WcStatus::Success; 3]);
+    assert_eq!(n, 5, "completions past the CQ's size are kept, not dropped: {:?}", &all[..n]);
+    assert_eq!(all[..5].iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
+    let ok = all[..5].iter().take_while(|w| w.status == WcStatus::Success).count();
+    assert!(ok >= 3, "{:?}", &all[..5]);
+    assert!(all[ok..5].iter().all(|w| w.status == WcStatus::WrFlushErr), "{:?}", &all[..5]);
 }
 
 #[test]
