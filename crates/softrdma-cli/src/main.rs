@@ -9,6 +9,7 @@ mod decode;
 mod devnode;
 mod exchange;
 mod exec;
+mod limits;
 mod memserver;
 mod perf;
 mod pingpong;

@@ -136,15 +136,15 @@ fn bad_queue_pair_counts_are_refused() {
     }
 }
 
-/// Relays one TCP connection from `listener` to 127.0.0.1:`to`; returns the bytes sent
-/// (client to server, server to client).
+/// Relays one TCP connection from `listener` to 127.0.0.2:`to` (where a server with `-d
+/// 127.0.0.2` listens); returns the bytes sent (client to server, server to client).
 fn counting_proxy(listener: std::net::TcpListener, to: u16) -> std::thread::JoinHandle<(u64, u64)> {
     use std::net::{Shutdown, TcpStream};
     std::thread::spawn(move || {
         let (client, _) = listener.accept().unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         let server = loop {
-            match TcpStream::connect(("127.0.0.1", to)) {
+            match TcpStream::connect(("127.0.0.2", to)) {
                 Ok(s) => break s,
                 Err(e) if std::time::Instant::now() > deadline => panic!("server: {e}"),
                 Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
