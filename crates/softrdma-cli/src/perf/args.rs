@@ -225,7 +225,7 @@ fn check_options(args: &PerfArgs) -> Result<(), Fail> {
         return Err("multiple queue pairs are for the bandwidth tests".into());
     }
     if args.ib_port != 1 {
-        return Err("only IB port 1 exists".into());
+        return Err(format!("-i {}: only IB port 1 exists", args.ib_port));
     }
     if args.connection == Conn::Ud && !args.test.is_send() {
         return Err("UD supports only the send tests".into());
@@ -323,7 +323,7 @@ pub(super) fn sizes(args: &PerfArgs, active_mtu: usize) -> Result<Vec<usize>, Fa
     }
     let max = *sizes.iter().max().unwrap_or(&8);
     if ud && max > active_mtu {
-        return Err("UD messages are at most one MTU".into());
+        return Err(format!("-s {max}: UD messages are at most one MTU ({active_mtu} bytes)"));
     }
     Ok(sizes)
 }
