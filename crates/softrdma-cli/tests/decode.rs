@@ -376,6 +376,8 @@ fn rdma_cm_library_and_perf_r_captures_with_rxe_connect_through_the_cm_both_ways
 
 /// Runs `softrdma decode` on `path` with `input` streamed to its stdin (for `/dev/stdin`),
 /// killing it after 20 s; returns its exit status, stderr and peak RSS in KiB.
+// The child is reaped by wait4, which Child::wait cannot replace: it gives the child's rusage.
+#[allow(clippy::zombie_processes)]
 fn decode_bounded(
     path: &str,
     input: impl FnOnce(std::process::ChildStdin) + Send + 'static,
