@@ -1,8 +1,11 @@
-//! Reading capture files: pcap (either byte order, micro- or nanosecond) and pcapng, through
-//! the `pcap-parser` crate, and peeling the link layer down to the IP packet.
+//! Reading capture files: pcap (either byte order, micro- or nanosecond) and pcapng, one
+//! record at a time through the `pcap-parser` crate, and peeling the link layer down to
+//! the IP packet. A file of any size is read in bounded memory ([`MAX_RECORD`]).
 //!
 //! Link types: Ethernet (with any number of 802.1Q/802.1ad tags), Linux cooked v1 and v2,
 //! raw IP (101, 228, 229, and 12/14 as some systems number it) and BSD loopback (0, 108).
+
+use std::io::Read;
 
 use pcap_parser::nom;
 use pcap_parser::pcapng::Block;
@@ -31,7 +34,7 @@ impl std::fmt::Display for CaptureError {
     }
 }
 
-fn describe<I>(e: nom::Err<PcapError<I>>, offset: usize) -> CaptureError {
+fn describe<I>(e: nom::Err<PcapError<I>>, offset: impl std::fmt::Display) -> CaptureError {
     let what = match e {
         nom::Err::Incomplete(_) => "file ends in the middle of a record (truncated capture?)".to_string(),
         nom::Err::Error(pe) | nom::Err::Failure(pe) => match pe {
@@ -47,53 +50,147 @@ fn describe<I>(e: nom::Err<PcapError<I>>, offset: usize) -> CaptureError {
     CaptureError(format!("{what} at byte offset {offset}"))
 }
 
+/// The largest record (pcap record or pcapng block, headers included) a capture may
+/// hold: far above any frame (Wireshark's limit is 256 KiB), and the most memory reading a
+/// capture takes. A longer one is refused as damage, not read.
+pub const MAX_RECORD: usize = 1 << 20;
+
 /// Calls `f` for every frame of the capture in `bytes`, in file order. Frames before a
 /// malformed record are delivered before the error is returned.
-pub fn for_each_frame(bytes: &[u8], mut f: impl FnMut(Frame<'_>)) -> Result<(), CaptureError> {
-    if bytes.len() < 4 {
+#[cfg(test)]
+pub fn for_each_frame(bytes: &[u8], f: impl FnMut(Frame<'_>)) -> Result<(), CaptureError> {
+    read_frames(bytes, f)
+}
+
+/// Calls `f` for every frame of the capture `input` streams, in file order, holding one
+/// record at a time (at most [`MAX_RECORD`] bytes). Frames before a malformed record are
+/// delivered before the error is returned.
+pub fn read_frames(input: impl Read, mut f: impl FnMut(Frame<'_>)) -> Result<(), CaptureError> {
+    let mut r = Records { input, offset: 0, buf: Vec::new() };
+    let got = r.fill(0, 4)?;
+    if got < 4 {
         return Err(CaptureError("not a pcap or pcapng file (too short)".into()));
     }
-    let magic = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-    if magic == 0x0A0D_0D0A {
-        return pcapng_frames(bytes, &mut f);
+    if r.buf[..4] == [0x0A, 0x0D, 0x0D, 0x0A] {
+        return pcapng_frames(&mut r, &mut f);
     }
-    let (mut rest, header) = parse_pcap_header(bytes).map_err(|e| match e {
+    r.fill(4, 24)?;
+    let (_, header) = parse_pcap_header(&r.buf).map_err(|e| match e {
         nom::Err::Error(PcapError::HeaderNotRecognized)
         | nom::Err::Failure(PcapError::HeaderNotRecognized) => {
             CaptureError("not a pcap or pcapng file".into())
         }
         e => describe(e, 0),
     })?;
+    r.consume();
     let linktype = header.network.0;
+    let big_endian = header.is_bigendian();
     let mut number = 0;
-    while !rest.is_empty() {
-        let offset = bytes.len() - rest.len();
-        let parsed = if header.is_bigendian() { parse_pcap_frame_be(rest) } else { parse_pcap_frame(rest) };
-        let (next, block) = parsed.map_err(|e| describe(e, offset))?;
+    loop {
+        let offset = r.offset;
+        match r.fill(0, 16)? {
+            0 => return Ok(()),
+            16 => {}
+            _ => return Err(r.truncated()),
+        }
+        let field = [r.buf[8], r.buf[9], r.buf[10], r.buf[11]];
+        let caplen = if big_endian { u32::from_be_bytes(field) } else { u32::from_le_bytes(field) };
+        let len = r.record_len(16, caplen, "captured length")?;
+        if r.fill(16, len)? < len {
+            return Err(r.truncated());
+        }
+        let parsed = if big_endian { parse_pcap_frame_be(&r.buf) } else { parse_pcap_frame(&r.buf) };
+        let (_, block) = parsed.map_err(|e| describe(e, offset))?;
         number += 1;
         f(Frame { number, linktype, data: block.data });
-        rest = next;
+        r.consume();
     }
-    Ok(())
 }
 
-fn pcapng_frames(bytes: &[u8], f: &mut impl FnMut(Frame<'_>)) -> Result<(), CaptureError> {
-    let mut rest = bytes;
+/// The records of a capture being read: the current one in `buf`, `offset` the file's
+/// byte offset where it starts.
+struct Records<R> {
+    input: R,
+    offset: u64,
+    buf: Vec<u8>,
+}
+
+impl<R: Read> Records<R> {
+    /// Reads the record on from byte `from` until it holds `to` bytes or the input ends;
+    /// returns how many it holds.
+    fn fill(&mut self, from: usize, to: usize) -> Result<usize, CaptureError> {
+        self.buf.truncate(from);
+        let want = (to - from) as u64;
+        let got = self.input.by_ref().take(want).read_to_end(&mut self.buf).map_err(|e| {
+            CaptureError(format!("reading at byte offset {}: {e}", self.offset + from as u64))
+        })?;
+        Ok(from + got)
+    }
+
+    /// Past the record in `buf`.
+    fn consume(&mut self) {
+        self.offset += self.buf.len() as u64;
+        self.buf.clear();
+    }
+
+    /// The bytes of a record of `header` bytes and the `claimed` length its `field`
+    /// gives, if a record may be that long.
+    fn record_len(&self, header: u64, claimed: u32, field: &str) -> Result<usize, CaptureError> {
+        match usize::try_from(header + u64::from(claimed)) {
+            Ok(n) if n <= MAX_RECORD => Ok(n),
+            _ => Err(CaptureError(format!(
+                "{field} {claimed} at byte offset {} is more than the {MAX_RECORD} bytes a record may have (a damaged capture?)",
+                self.offset
+            ))),
+        }
+    }
+
+    fn truncated(&self) -> CaptureError {
+        CaptureError(format!(
+            "file ends in the middle of a record (truncated capture?) at byte offset {}",
+            self.offset
+        ))
+    }
+}
+
+fn pcapng_frames<R: Read>(r: &mut Records<R>, f: &mut impl FnMut(Frame<'_>)) -> Result<(), CaptureError> {
     let mut big_endian = false;
     let mut linktypes: Vec<i32> = Vec::new();
     let mut number = 0;
-    while !rest.is_empty() {
-        let offset = bytes.len() - rest.len();
-        // A section header announces its own byte order; read it both ways.
-        let is_shb = rest.len() >= 4 && rest[..4] == [0x0A, 0x0D, 0x0D, 0x0A];
+    loop {
+        let offset = r.offset;
+        // The block type and length; a section header announces its own byte order after.
+        let have = r.buf.len();
+        match r.fill(have, 8)? {
+            0 => return Ok(()),
+            8 => {}
+            _ => return Err(r.truncated()),
+        }
+        let is_shb = r.buf[..4] == [0x0A, 0x0D, 0x0D, 0x0A];
+        if is_shb {
+            if r.fill(8, 12)? < 12 {
+                return Err(r.truncated());
+            }
+            big_endian = r.buf[8..12] == [0x1A, 0x2B, 0x3C, 0x4D];
+        }
+        let field = [r.buf[4], r.buf[5], r.buf[6], r.buf[7]];
+        let total = if big_endian { u32::from_be_bytes(field) } else { u32::from_le_bytes(field) };
+        let len = r.record_len(0, total, "block length")?;
+        if len < r.buf.len() {
+            return Err(CaptureError(format!("block of {total} bytes at byte offset {offset} is too short")));
+        }
+        let have = r.buf.len();
+        if r.fill(have, len)? < len {
+            return Err(r.truncated());
+        }
         let parsed = if is_shb {
-            pcap_parser::parse_sectionheaderblock(rest).map(|(r, b)| (r, Block::SectionHeader(b)))
+            pcap_parser::parse_sectionheaderblock(&r.buf).map(|(r, b)| (r, Block::SectionHeader(b)))
         } else if big_endian {
-            parse_block_be(rest)
+            parse_block_be(&r.buf)
         } else {
-            parse_block_le(rest)
+            parse_block_le(&r.buf)
         };
-        let (next, block) = parsed.map_err(|e| describe(e, offset))?;
+        let (_, block) = parsed.map_err(|e| describe(e, offset))?;
         match block {
             Block::SectionHeader(shb) => {
                 big_endian = shb.big_endian();
@@ -121,9 +218,8 @@ fn pcapng_frames(bytes: &[u8], f: &mut impl FnMut(Frame<'_>)) -> Result<(), Capt
             }
             _ => {}
         }
-        rest = next;
+        r.consume();
     }
-    Ok(())
 }
 
 /// The network layer of a frame.

@@ -76,8 +76,10 @@ pub fn run(args: &DecodeArgs) -> i32 {
     let mut out = String::new();
     for path in &args.files {
         let name = path.display().to_string();
-        let bytes = match std::fs::read(path) {
-            Ok(b) => b,
+        // Streamed, one record at a time: a capture of any size (or /dev/zero) is read in
+        // bounded memory.
+        let file = match std::fs::File::open(path) {
+            Ok(f) => std::io::BufReader::new(f),
             Err(e) => {
                 eprintln!("softrdma decode: {name}: {e}");
                 unreadable = true;
@@ -87,7 +89,7 @@ pub fn run(args: &DecodeArgs) -> i32 {
         if many && !args.json {
             println!("==> {name} <==");
         }
-        let result = capture::for_each_frame(&bytes, |frame| {
+        let result = capture::read_frames(file, |frame| {
             out.clear();
             decode_frame(&name, &frame, args.json, &mut summary, &mut out);
             if !out.is_empty() {

@@ -9,6 +9,7 @@ mod decode;
 mod devnode;
 mod exchange;
 mod exec;
+mod limits;
 mod memserver;
 mod perf;
 mod pingpong;
@@ -45,7 +46,8 @@ enum Command {
     /// Run the server without a host, then the client with the server's host name. They
     /// exchange their QP endpoints over TCP (-p, 18515), then trade -n messages of -s bytes,
     /// checking every byte. Two processes on one host need different addresses
-    /// (--bind 127.0.0.2 and --bind 127.0.0.3) or UDP ports (--udp-port).
+    /// (--bind 127.0.0.2 and --bind 127.0.0.3) or UDP ports (--udp-port). A server given an
+    /// address (--bind, -d ADDRESS) listens on that address only: the client names it.
     Pingpong(pingpong::PingPongArgs),
     /// Expose a memory region for one-sided RDMA, then stay passive.
     ///

@@ -13,6 +13,7 @@ use std::net::IpAddr;
 use softrdma::{Access, ConnectOptions, Context, EndpointInfo, QpBuilder};
 
 use crate::exchange;
+use crate::limits;
 
 /// Arguments of `softrdma memserver`.
 #[derive(Debug, clap::Args)]
@@ -23,13 +24,18 @@ pub struct MemServerArgs {
     /// UDP port of the device (0 picks a free one).
     #[arg(long, default_value_t = 0)]
     pub udp_port: u16,
-    /// Size of the region in bytes.
+    /// Size of the region in bytes (1 to the device's max_mr_size, and no more than the
+    /// memory available: the region is filled with a pattern).
     #[arg(long, default_value_t = 1 << 20)]
     pub size: usize,
 }
 
 /// Runs the command; returns the process exit status.
 pub fn run(args: &MemServerArgs) -> i32 {
+    if let Err(e) = check(args) {
+        eprintln!("softrdma memserver: {e}");
+        return limits::USAGE;
+    }
     match serve(args) {
         Ok(()) => 0,
         Err(e) => {
@@ -37,6 +43,16 @@ pub fn run(args: &MemServerArgs) -> i32 {
             1
         }
     }
+}
+
+fn check(args: &MemServerArgs) -> Result<(), String> {
+    if args.size == 0 {
+        return Err("--size 0: the region needs at least one byte".into());
+    }
+    let attr = softrdma::find_device(&args.bind.to_string())
+        .map_err(|e| format!("--bind {}: {e}", args.bind))?
+        .attr();
+    limits::check_regions(&format!("--size {}", args.size), &[limits::mul(args.size, 1)], &attr)
 }
 
 fn serve(args: &MemServerArgs) -> Result<(), String> {
@@ -50,6 +66,7 @@ fn serve(args: &MemServerArgs) -> Result<(), String> {
     let prepared = pd.prepare_qp(&QpBuilder::rc().access(access), &cq, &cq).map_err(|e| e.to_string())?;
     let mine = EndpointInfo { region: Some(mr.remote()), ..prepared.endpoint() };
     let theirs: EndpointInfo = exchange::stdio_swap(&mine).map_err(|e| e.about("bad endpoint"))?;
+    exchange::same_family(mine.addr, theirs.addr)?;
     let _qp = prepared.handshake(&theirs, &ConnectOptions::default()).map_err(|e| e.to_string())?;
     // Passive from here on: no verbs call until the peer is done.
     exchange::wait_for_stdin_close().map_err(|e| e.to_string())?;

@@ -8,7 +8,7 @@
 //! them; any error exits 1.
 
 use std::io::{BufReader, Write};
-use std::net::{IpAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use softrdma::{
@@ -17,7 +17,9 @@ use softrdma::{
     WorkCompletion,
 };
 
-use crate::exchange;
+use crate::exchange::{self, ClientError};
+use crate::limits;
+use softrdma_proto::qp::MAX_MESSAGE;
 
 /// The Q_Key of the UD ping-pong (as `ibv_ud_pingpong`).
 const QKEY: Qkey = Qkey(0x1111_1111);
@@ -86,6 +88,10 @@ type Failure = String;
 
 /// Runs the command; returns the process exit status.
 pub fn run(args: &PingPongArgs) -> i32 {
+    if let Err(e) = check(args) {
+        eprintln!("softrdma pingpong: {e}");
+        return limits::USAGE;
+    }
     match pingpong(args) {
         Ok(()) => 0,
         Err(e) => {
@@ -95,11 +101,62 @@ pub fn run(args: &PingPongArgs) -> i32 {
     }
 }
 
+/// The path MTU `-m` asks for.
+fn mtu_of(m: u32) -> Result<Mtu, Failure> {
+    match m {
+        256 => Ok(Mtu::Mtu256),
+        512 => Ok(Mtu::Mtu512),
+        1024 => Ok(Mtu::Mtu1024),
+        2048 => Ok(Mtu::Mtu2048),
+        4096 => Ok(Mtu::Mtu4096),
+        m => Err(format!("-m {m}: the MTU is one of 256, 512, 1024, 2048, 4096")),
+    }
+}
+
+/// The address the command line gives the device (`--bind`, or `-d` with an address):
+/// the exchange's server listens there too.
+fn asked_addr(args: &PingPongArgs) -> Option<IpAddr> {
+    args.bind.or_else(|| args.device.as_deref().and_then(|d| d.parse().ok()))
+}
+
+/// Refuses the arguments the ping-pong cannot run with, before anything is bound.
+fn check(args: &PingPongArgs) -> Result<(), Failure> {
+    if args.bind.is_some() && args.gid_index.is_some() {
+        return Err("--bind and -g both choose the local address".into());
+    }
+    if args.port == 0 {
+        return Err("-p 0: the peer must know the TCP port of the exchange".into());
+    }
+    if args.iters == 0 {
+        return Err("-n 0: the ping-pong needs at least one round trip".into());
+    }
+    let mtu = args.mtu.map(mtu_of).transpose()?;
+    if args.size as u64 > MAX_MESSAGE {
+        return Err(format!("-s {}: RDMA messages are at most {MAX_MESSAGE} bytes", args.size));
+    }
+    let name = match (asked_addr(args), &args.device) {
+        (Some(a), _) => a.to_string(),
+        (None, Some(d)) => d.clone(),
+        (None, None) => "127.0.0.1".into(),
+    };
+    let device = softrdma::find_device(&name).map_err(|e| format!("{name}: {e}"))?;
+    if let (Some(via), Some(local)) = (args.via, asked_addr(args)) {
+        exchange::same_family(SocketAddr::new(local, 0), via).map_err(|e| format!("--via {via}: {e}"))?;
+    }
+    let ud = args.transport == Transport::Ud;
+    let limit = mtu.unwrap_or(device.active_mtu()).bytes() as usize;
+    if ud && args.size > limit {
+        return Err(format!("-s {}: UD messages are at most one MTU ({limit} bytes)", args.size));
+    }
+    let slot = args.size + if ud { GRH } else { 0 };
+    let regions = [limits::mul(slot, RX_DEPTH), limits::mul(args.size.max(1), 1)];
+    limits::check_regions(&format!("-s {}", args.size), &regions, &device.attr())
+}
+
 fn open(args: &PingPongArgs) -> Result<Context, Failure> {
     let port = args.udp_port.unwrap_or_else(softrdma::default_port);
     let opened = match (args.bind, &args.device, args.gid_index) {
-        (Some(_), _, Some(_)) => return Err("--bind and -g both choose the local address".into()),
-        (Some(addr), _, None) => Context::open_port(addr, port),
+        (Some(addr), _, _) => Context::open_port(addr, port),
         (None, d, Some(idx)) => Context::open_gid(d.as_deref().unwrap_or("127.0.0.1"), idx, port),
         (None, Some(name), None) => {
             softrdma::find_device(name).and_then(|d| Context::open_port(d.addr, port))
@@ -112,30 +169,65 @@ fn open(args: &PingPongArgs) -> Result<Context, Failure> {
 /// Trades endpoints with the peer. `connect` runs as soon as the peer's endpoint is known:
 /// on the server, before it answers, so that its QP is ready when the client (which starts
 /// sending as soon as it has the answer) sends.
+///
+/// The server drops a client that sends nothing, garbage, too long a line or an endpoint
+/// of the other IP family (saying so on stderr) and waits for the next, until one's
+/// endpoint connects its QP.
 fn exchange(
     args: &PingPongArgs,
     mine: &EndpointInfo,
     connect: impl FnOnce(&EndpointInfo) -> Result<(), Failure>,
 ) -> Result<EndpointInfo, Failure> {
-    let stream = exchange::connect_or_accept(args.host.as_deref(), args.port, Duration::from_secs(10))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
-    if args.ibv {
-        return ibv_exchange(args, stream, mine, connect);
-    }
-    let mut w = stream.try_clone().map_err(|e| e.to_string())?;
-    let mut r = BufReader::new(stream);
-    let mut recv = || -> Result<EndpointInfo, Failure> {
-        exchange::recv_line(&mut r, exchange::MAX_LINE).map_err(|e| e.about("bad endpoint from peer"))
+    let mut connect = Some(connect);
+    let mut connect_once = |theirs: &EndpointInfo| -> Result<(), Failure> {
+        connect.take().ok_or("the QP is connected already")?(theirs)
     };
+    let Some(host) = &args.host else {
+        let listener = exchange::Listener::bind(asked_addr(args), args.port)?;
+        return listener.serve("softrdma pingpong", |stream| {
+            if args.ibv {
+                ibv_exchange(args, stream, mine, &mut connect_once)
+            } else {
+                json_exchange(args, stream, mine, &mut connect_once)
+            }
+        });
+    };
+    let stream = exchange::connect(host, args.port, Duration::from_secs(10))?;
+    let stream = exchange::Bounded::new(stream, exchange::SERVER_TIMEOUT);
+    let r = if args.ibv {
+        ibv_exchange(args, stream, mine, &mut connect_once)
+    } else {
+        json_exchange(args, stream, mine, &mut connect_once)
+    };
+    r.map_err(|e| match e {
+        ClientError::Dropped(e) | ClientError::Fatal(e) => e,
+    })
+}
+
+/// softrdma's exchange: one JSON line each way, the client's first.
+fn json_exchange(
+    args: &PingPongArgs,
+    stream: exchange::Bounded,
+    mine: &EndpointInfo,
+    connect: &mut impl FnMut(&EndpointInfo) -> Result<(), Failure>,
+) -> Result<EndpointInfo, ClientError> {
+    let mut r = BufReader::new(stream);
+    let recv = |r: &mut BufReader<exchange::Bounded>| -> Result<EndpointInfo, ClientError> {
+        let theirs: EndpointInfo = exchange::recv_line(r, exchange::MAX_LINE)
+            .map_err(|e| ClientError::Dropped(e.about("bad endpoint from peer")))?;
+        exchange::same_family(mine.addr, theirs.addr).map_err(ClientError::Dropped)?;
+        Ok(theirs)
+    };
+    let fatal = ClientError::Fatal;
     if args.host.is_some() {
-        exchange::send_line(&mut w, mine)?;
-        let theirs = recv()?;
-        connect(&theirs)?;
+        exchange::send_line(r.get_mut(), mine).map_err(fatal)?;
+        let theirs = recv(&mut r)?;
+        connect(&theirs).map_err(fatal)?;
         Ok(theirs)
     } else {
-        let theirs = recv()?;
-        connect(&theirs)?;
-        exchange::send_line(&mut w, mine)?;
+        let theirs = recv(&mut r)?;
+        connect(&theirs).map_err(fatal)?;
+        exchange::send_line(r.get_mut(), mine).map_err(fatal)?;
         Ok(theirs)
     }
 }
@@ -144,10 +236,10 @@ fn exchange(
 /// digits) in 52 bytes each way, the client first, then the client's `"done"`.
 fn ibv_exchange(
     args: &PingPongArgs,
-    mut s: TcpStream,
+    mut s: exchange::Bounded,
     mine: &EndpointInfo,
-    connect: impl FnOnce(&EndpointInfo) -> Result<(), Failure>,
-) -> Result<EndpointInfo, Failure> {
+    connect: &mut impl FnMut(&EndpointInfo) -> Result<(), Failure>,
+) -> Result<EndpointInfo, ClientError> {
     use std::io::Read;
     let gid: String = softrdma::gid_of(mine.addr.ip()).iter().map(|b| format!("{b:02x}")).collect();
     let mut msg = format!("{:04x}:{:06x}:{:06x}:{gid}", 0, mine.qpn, mine.psn).into_bytes();
@@ -168,18 +260,20 @@ fn ibv_exchange(
         Ok(EndpointInfo { addr, qpn: hex(f[1])?, psn: hex(f[2])?, mtu: mine.mtu, region: None })
     };
     let mut got = [0u8; 52];
+    let (dropped, fatal) = (ClientError::Dropped, ClientError::Fatal);
+    let io = |e: std::io::Error| e.to_string();
     if args.host.is_some() {
-        s.write_all(&msg).map_err(|e| e.to_string())?;
-        s.read_exact(&mut got).map_err(|e| e.to_string())?;
-        let theirs = parse(&got)?;
-        connect(&theirs)?;
-        s.write_all(b"done\0").map_err(|e| e.to_string())?;
+        s.write_all(&msg).map_err(io).map_err(fatal)?;
+        s.read_exact(&mut got).map_err(io).map_err(fatal)?;
+        let theirs = parse(&got).map_err(fatal)?;
+        connect(&theirs).map_err(fatal)?;
+        s.write_all(b"done\0").map_err(io).map_err(fatal)?;
         Ok(theirs)
     } else {
-        s.read_exact(&mut got).map_err(|e| e.to_string())?;
-        let theirs = parse(&got)?;
-        connect(&theirs)?;
-        s.write_all(&msg).map_err(|e| e.to_string())?;
+        s.read_exact(&mut got).map_err(io).map_err(dropped)?;
+        let theirs = parse(&got).map_err(dropped)?;
+        connect(&theirs).map_err(fatal)?;
+        s.write_all(&msg).map_err(io).map_err(fatal)?;
         let mut done = [0u8; 5];
         let _ = s.read_exact(&mut done);
         Ok(theirs)
@@ -189,6 +283,21 @@ fn ibv_exchange(
 /// Byte `k` of message `i` from the side `side`.
 fn pattern(i: u64, side: u8, k: usize) -> u8 {
     (i as usize).wrapping_mul(7).wrapping_add(k.wrapping_mul(13)).wrapping_add(usize::from(side)) as u8
+}
+
+/// The work request id of the send of message `i`: counted down from the top, apart from
+/// the receive slots' ids (0 to [`RX_DEPTH`] - 1).
+fn send_wr_id(i: u64) -> u64 {
+    u64::MAX - i
+}
+
+/// What a work request id stands for, as a person reads it.
+fn wr_name(wr_id: u64) -> String {
+    if wr_id < RX_DEPTH as u64 {
+        format!("receive into slot {wr_id}")
+    } else {
+        format!("send of message {}", u64::MAX - wr_id)
+    }
 }
 
 struct Waiter<'a> {
@@ -202,7 +311,7 @@ impl Waiter<'_> {
         loop {
             if let Some(wc) = self.cq.poll_one() {
                 if wc.status != WcStatus::Success {
-                    return Err(format!("completion {} failed: {:?} ({:?})", wc.wr_id, wc.status, wc.opcode));
+                    return Err(format!("{} failed: {:?} ({:?})", wr_name(wc.wr_id), wc.status, wc.opcode));
                 }
                 return Ok(wc);
             }
@@ -214,7 +323,12 @@ impl Waiter<'_> {
                 // A completion may have arrived between the poll and the arming.
                 if let Some(wc) = self.cq.poll_one() {
                     if wc.status != WcStatus::Success {
-                        return Err(format!("completion {} failed: {:?}", wc.wr_id, wc.status));
+                        return Err(format!(
+                            "{} failed: {:?} ({:?})",
+                            wr_name(wc.wr_id),
+                            wc.status,
+                            wc.opcode
+                        ));
                     }
                     return Ok(wc);
                 }
@@ -234,15 +348,7 @@ impl Waiter<'_> {
 fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
     let ud = args.transport == Transport::Ud;
     let ctx = open(args)?;
-    let mtu = match args.mtu {
-        None => None,
-        Some(256) => Some(Mtu::Mtu256),
-        Some(512) => Some(Mtu::Mtu512),
-        Some(1024) => Some(Mtu::Mtu1024),
-        Some(2048) => Some(Mtu::Mtu2048),
-        Some(4096) => Some(Mtu::Mtu4096),
-        Some(m) => return Err(format!("-m {m}: the MTU is one of 256, 512, 1024, 2048, 4096")),
-    };
+    let mtu = args.mtu.map(mtu_of).transpose()?;
     if ud && args.size > mtu.unwrap_or(ctx.device().active_mtu()).bytes() as usize {
         return Err(format!("UD messages are at most one MTU ({} bytes)", ctx.device().active_mtu().bytes()));
     }
@@ -311,7 +417,8 @@ fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
     }
     run.drain_sends()?;
     let secs = start.elapsed().as_secs_f64();
-    let bytes = 2 * args.size as u64 * args.iters;
+    // Wide enough for any -s and -n.
+    let bytes = 2 * args.size as u128 * u128::from(args.iters);
     println!("{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec", bytes as f64 * 8.0 / secs / 1e6);
     println!(
         "{} iters in {secs:.2} seconds = {:.2} usec/iter",
@@ -363,7 +470,7 @@ impl Run<'_> {
         let msg: Vec<u8> = (0..self.args.size).map(|k| pattern(i, side, k)).collect();
         self.tx.write(0, &msg).map_err(|e| e.to_string())?;
         let wr = SendWr {
-            wr_id: u64::MAX - i,
+            wr_id: send_wr_id(i),
             op: SendOp::Send,
             sg_list: vec![self.tx.sge(0, self.args.size).map_err(|e| e.to_string())?],
             flags: SendFlags { signaled: true, ..SendFlags::default() },

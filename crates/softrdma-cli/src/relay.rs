@@ -19,6 +19,11 @@ use std::time::{Duration, Instant};
 use softrdma_proto::sim::{Impairments, NetStats, Network};
 use softrdma_proto::wire::icrc;
 
+use crate::limits;
+
+/// The longest delay the relay adds (`--delay-us`): a minute.
+const MAX_DELAY_US: u64 = 60_000_000;
+
 /// Arguments of `softrdma relay`.
 #[derive(Debug, clap::Args)]
 pub struct RelayArgs {
@@ -35,26 +40,27 @@ pub struct RelayArgs {
     #[arg(long)]
     pub peer_b: SocketAddr,
     /// Datagrams lost, in percent.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = limits::percent)]
     pub loss: f64,
     /// Datagrams duplicated, in percent.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = limits::percent)]
     pub dup: f64,
     /// Datagrams delayed past later ones, in percent.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = limits::percent)]
     pub reorder: f64,
     /// Datagrams with flipped bits, in percent.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = limits::percent)]
     pub corrupt: f64,
-    /// One-way delay added, in microseconds.
-    #[arg(long, default_value_t = 0)]
+    /// One-way delay added, in microseconds (at most 60 s).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=MAX_DELAY_US))]
     pub delay_us: u64,
     /// Seed of the schedule.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Stop after this many seconds (default: run until interrupted).
-    #[arg(long)]
-    pub duration: Option<f64>,
+    /// Stop after this long: seconds, or a number with a unit (ms, s, m, h); default: run
+    /// until interrupted.
+    #[arg(long, value_parser = limits::duration)]
+    pub duration: Option<Duration>,
 }
 
 /// What the relay did.
@@ -172,8 +178,25 @@ impl Relay {
     }
 }
 
+/// Refuses sides that cannot reach their endpoints: each side sends to its peer, so the two
+/// must be of one IP family.
+fn check(args: &RelayArgs) -> Result<(), String> {
+    for (side, peer, name) in [(args.a_side, args.peer_a, "a"), (args.b_side, args.peer_b, "b")] {
+        if side.is_ipv4() != peer.is_ipv4() {
+            return Err(format!(
+                "--{name}-side {side} and --peer-{name} {peer}: the relay reaches an endpoint from the side facing it, so both need one IP family"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Runs the command; returns the process exit status.
 pub fn run(args: &RelayArgs) -> i32 {
+    if let Err(e) = check(args) {
+        eprintln!("softrdma relay: {e}");
+        return limits::USAGE;
+    }
     let imp = Impairments {
         delay: Duration::from_micros(args.delay_us),
         ..Impairments::from_percent(args.loss, args.dup, args.reorder, args.corrupt)
@@ -190,7 +213,8 @@ pub fn run(args: &RelayArgs) -> i32 {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
-    let until = args.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
+    // `--duration` is at most limits::MAX_DURATION, which any clock can add.
+    let until = args.duration.and_then(|d| Instant::now().checked_add(d));
     let s = relay.run(&STOP, until);
     println!("received={} repatched={} {}", s.received, s.repatched, s.net);
     0

@@ -6,23 +6,29 @@ use std::time::{Duration, Instant};
 use softrdma_proto::qp::Mtu;
 use softrdma_proto::sim::{run_workload, ConnectParams, Impairments, WorkloadConfig};
 
+use crate::limits;
+
+/// Most operations one run takes.
+const MAX_OPS: u64 = 1_000_000_000;
+
 /// Arguments of `softrdma sim`.
 #[derive(Debug, clap::Args)]
 pub struct SimArgs {
-    /// Operations to run (SEND, WRITE, READ, atomics, with and without immediate data).
-    #[arg(long, default_value_t = 10_000)]
+    /// Operations to run (SEND, WRITE, READ, atomics, with and without immediate data):
+    /// 1 to 10^9.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=MAX_OPS))]
     pub ops: u64,
     /// Datagrams lost, in percent.
-    #[arg(long, default_value_t = 0.0, value_parser = percent)]
+    #[arg(long, default_value_t = 0.0, value_parser = limits::percent)]
     pub loss: f64,
     /// Datagrams duplicated, in percent.
-    #[arg(long, default_value_t = 0.0, value_parser = percent)]
+    #[arg(long, default_value_t = 0.0, value_parser = limits::percent)]
     pub dup: f64,
     /// Datagrams delayed past later ones, in percent.
-    #[arg(long, default_value_t = 0.0, value_parser = percent)]
+    #[arg(long, default_value_t = 0.0, value_parser = limits::percent)]
     pub reorder: f64,
     /// Datagrams with flipped bits, in percent (the ICRC must catch every one).
-    #[arg(long, default_value_t = 0.0, value_parser = percent)]
+    #[arg(long, default_value_t = 0.0, value_parser = limits::percent)]
     pub corrupt: f64,
     /// Seed of the workload and of the network's impairments.
     #[arg(long, default_value_t = 1)]
@@ -38,15 +44,6 @@ pub struct SimArgs {
     pub mtu: u32,
 }
 
-fn percent(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
-    if (0.0..=100.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("{v} is not a percentage between 0 and 100"))
-    }
-}
-
 fn mtu(s: &str) -> Result<u32, String> {
     match s.parse::<u32>() {
         Ok(v @ (256 | 512 | 1024 | 2048 | 4096)) => Ok(v),
@@ -54,8 +51,25 @@ fn mtu(s: &str) -> Result<u32, String> {
     }
 }
 
+/// Refuses a network that delivers nothing: no operation could complete, and the run
+/// would only count how its retries ran out.
+fn check(args: &SimArgs) -> Result<(), String> {
+    for (flag, v) in [("--loss", args.loss), ("--corrupt", args.corrupt)] {
+        if v >= 100.0 {
+            return Err(format!(
+                "{flag} {v}: no datagram would arrive intact, so no operation could complete"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Runs the command; returns the process exit status.
 pub fn run(args: &SimArgs) -> i32 {
+    if let Err(e) = check(args) {
+        eprintln!("softrdma sim: {e}");
+        return limits::USAGE;
+    }
     let mtu = match args.mtu {
         256 => Mtu::Mtu256,
         512 => Mtu::Mtu512,

@@ -25,36 +25,38 @@ use softrdma::{
     Access, ConnectOptions, Context, EndpointInfo, MemoryRegion, QpBuilder, QpCaps, QueuePair, RecvWr,
     RemoteRegion, Rkey, SendFlags, SendOp, SendWr, WcOpcode, WcStatus,
 };
+use softrdma_proto::qp::MAX_MESSAGE;
 use softrdma_proto::sim::{Impairments, Rng};
 
 use crate::exchange;
+use crate::limits;
 use crate::relay::Relay;
 
 /// Arguments of `softrdma soak`.
 #[derive(Debug, clap::Args)]
 pub struct SoakArgs {
     /// How long to run, e.g. `40s`, `10m` or a number of seconds.
-    #[arg(long, default_value = "40s", value_parser = duration)]
+    #[arg(long, default_value = "40s", value_parser = limits::duration)]
     pub duration: Duration,
     /// Datagrams lost by the relay, in percent.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = limits::percent)]
     pub loss: f64,
     /// Datagrams duplicated, in percent.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = limits::percent)]
     pub dup: f64,
     /// Datagrams reordered, in percent.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = limits::percent)]
     pub reorder: f64,
     /// Datagrams corrupted, in percent.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, value_parser = limits::percent)]
     pub corrupt: f64,
     /// Seed of the workload and of the relay.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Largest message.
+    /// Largest message (at most 2 GiB, RDMA's largest).
     #[arg(long, default_value_t = 4 << 20)]
     pub max_size: usize,
-    /// Operations in flight.
+    /// Operations in flight (1 to 32).
     #[arg(long, default_value_t = 8)]
     pub depth: usize,
     /// Internal: the passive side, started by the active one.
@@ -62,26 +64,11 @@ pub struct SoakArgs {
     pub role: Option<String>,
 }
 
-fn duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.find(|c: char| c.is_ascii_alphabetic()).map_or((s, "s"), |i| s.split_at(i));
-    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration"))?;
-    let secs = match unit {
-        "s" => v,
-        "m" => v * 60.0,
-        "h" => v * 3600.0,
-        "ms" => v / 1000.0,
-        _ => return Err(format!("unknown unit in {s:?} (use s, m, h or ms)")),
-    };
-    if secs.is_finite() && secs > 0.0 {
-        Ok(Duration::from_secs_f64(secs))
-    } else {
-        Err(format!("{s:?} is not a positive duration"))
-    }
-}
-
 /// WRITE slots at the passive side: many more than operations in flight, so that a slot is
 /// not written again before the passive side has checked it.
 const SLOTS: u64 = 64;
+/// Most operations in flight: half the write slots.
+const MAX_DEPTH: usize = SLOTS as usize / 2;
 const READ_AREA: usize = 4 << 20;
 const PASSIVE_IP: [u8; 4] = [127, 0, 9, 2];
 const ACTIVE_IP: [u8; 4] = [127, 0, 9, 3];
@@ -135,8 +122,42 @@ fn read_offset(n: u64, size: usize) -> usize {
     (n as usize).wrapping_mul(4099) % (READ_AREA - size.min(READ_AREA) + 1)
 }
 
+/// Refuses what cannot run: no operation in flight, more than the write slots allow,
+/// messages past RDMA's largest, regions past the device's or the host's memory.
+fn check(args: &SoakArgs) -> Result<(), String> {
+    if !matches!(args.role.as_deref(), None | Some("passive")) {
+        return Err("--role takes only \"passive\" (the side soak starts itself)".into());
+    }
+    if !(1..=MAX_DEPTH).contains(&args.depth) {
+        return Err(format!(
+            "--depth {}: takes 1 to {MAX_DEPTH} operations in flight (the passive side has {SLOTS} write slots)",
+            args.depth
+        ));
+    }
+    if args.max_size as u64 > MAX_MESSAGE {
+        return Err(format!("--max-size {}: RDMA messages are at most {MAX_MESSAGE} bytes", args.max_size));
+    }
+    let attr =
+        softrdma::find_device(&IpAddr::from(PASSIVE_IP).to_string()).map_err(|e| e.to_string())?.attr();
+    let slot = args.max_size.max(8);
+    let regions = [
+        limits::mul(slot, SLOTS as usize).and_then(|n| n.checked_add(READ_AREA as u64 + 8)),
+        limits::mul(slot, 2 * args.depth),
+        limits::mul(slot, args.depth),
+    ];
+    limits::check_regions(
+        &format!("--max-size {} with --depth {}", args.max_size, args.depth),
+        &regions,
+        &attr,
+    )
+}
+
 /// Runs the command; returns the process exit status.
 pub fn run(args: &SoakArgs) -> i32 {
+    if let Err(e) = check(args) {
+        eprintln!("softrdma soak: {e}");
+        return limits::USAGE;
+    }
     let r = if args.role.as_deref() == Some("passive") { passive(args) } else { active(args) };
     match r {
         Ok(true) => 0,

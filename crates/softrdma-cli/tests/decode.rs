@@ -373,3 +373,131 @@ fn rdma_cm_library_and_perf_r_captures_with_rxe_connect_through_the_cm_both_ways
         assert!(out.lines().any(|l| l.contains("> 192.168.77.1:4791 RC ")), "{name}: rxe's RC packets");
     }
 }
+
+/// Runs `softrdma decode` on `path` with `input` streamed to its stdin (for `/dev/stdin`),
+/// killing it after 20 s; returns its exit status, stderr and peak RSS in KiB.
+// The child is reaped by wait4, which Child::wait cannot replace: it gives the child's rusage.
+#[allow(clippy::zombie_processes)]
+fn decode_bounded(
+    path: &str,
+    input: impl FnOnce(std::process::ChildStdin) + Send + 'static,
+) -> (i32, String, i64) {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(["decode", path])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || input(stdin));
+    let pid = child.id() as libc::pid_t;
+    // Set once the child is reaped: its pid may then name another process.
+    let reaped = std::sync::Arc::new(std::sync::Mutex::new(false));
+    let r2 = reaped.clone();
+    let killer = std::thread::spawn(move || {
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_secs(20) {
+            if *r2.lock().unwrap() {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let reaped = r2.lock().unwrap();
+        if !*reaped {
+            // SAFETY: a signal to our own child, not reaped yet.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        !*reaped
+    });
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    // Wait without reaping, so that the killer never signals a reused pid; then wait4
+    // reaps the child and gives its own peak RSS (Child::wait would not).
+    // SAFETY: an all-zero siginfo is valid; waitid fills it for our own child.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, with a valid pointer.
+    assert_eq!(
+        unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) },
+        0
+    );
+    *reaped.lock().unwrap() = true;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: reaps our own child, which has exited, with valid pointers.
+    assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut usage) }, pid);
+    assert!(!killer.join().unwrap(), "decode ran past 20 s and was killed");
+    let _ = writer.join();
+    assert!(!libc::WIFSIGNALED(status), "decode killed by signal {}: {err}", libc::WTERMSIG(status));
+    (libc::WEXITSTATUS(status), err, usage.ru_maxrss)
+}
+
+#[test]
+fn a_capture_is_streamed_in_bounded_memory() {
+    use std::io::Write;
+    // A valid pcap of 96 MiB of 1000-byte non-RoCE frames, through a pipe: reading it
+    // whole would take at least that much memory.
+    let (code, err, rss_kib) = decode_bounded("/dev/stdin", |mut w| {
+        let mut header = vec![0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0];
+        header.extend_from_slice(&[0; 8]);
+        header.extend_from_slice(&65535u32.to_le_bytes());
+        header.extend_from_slice(&1u32.to_le_bytes());
+        let mut record = vec![0u8; 8];
+        record.extend_from_slice(&1000u32.to_le_bytes());
+        record.extend_from_slice(&1000u32.to_le_bytes());
+        record.extend_from_slice(&[0u8; 1000]);
+        let chunk: Vec<u8> = record.iter().copied().cycle().take(record.len() * 1024).collect();
+        let _ = w.write_all(&header);
+        for _ in 0..96 {
+            if w.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    assert_eq!(code, 0, "{err}");
+    assert!(rss_kib < 48 << 10, "decode grew to {rss_kib} KiB for a 96 MiB capture");
+}
+
+#[test]
+fn dev_zero_and_absurd_record_lengths_are_refused_at_once() {
+    // /dev/zero never ends: only its first bytes may be read.
+    let (code, err, rss_kib) = decode_bounded("/dev/zero", drop);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not a pcap or pcapng file"), "{err}");
+    assert!(rss_kib < 48 << 10, "{rss_kib} KiB");
+    // A pcap record and a pcapng block that claim 4 GiB, followed by endless zeros.
+    let mut pcap = vec![0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    pcap.extend_from_slice(&65535u32.to_le_bytes());
+    pcap.extend_from_slice(&1u32.to_le_bytes());
+    pcap.extend_from_slice(&[0; 8]);
+    pcap.extend_from_slice(&0xFFFF_FFF0u32.to_le_bytes());
+    pcap.extend_from_slice(&0xFFFF_FFF0u32.to_le_bytes());
+    let mut ng = vec![0x0A, 0x0D, 0x0D, 0x0A];
+    ng.extend_from_slice(&28u32.to_le_bytes());
+    ng.extend_from_slice(&[0x4D, 0x3C, 0x2B, 0x1A, 1, 0, 0, 0]);
+    ng.extend_from_slice(&u64::MAX.to_le_bytes());
+    ng.extend_from_slice(&28u32.to_le_bytes());
+    ng.extend_from_slice(&6u32.to_le_bytes()); // an enhanced packet block
+    ng.extend_from_slice(&0xFFFF_FFF0u32.to_le_bytes());
+    for (name, head, field, at) in [("pcap", pcap, "captured length", 24), ("pcapng", ng, "block length", 28)]
+    {
+        let (code, err, rss_kib) = decode_bounded("/dev/stdin", move |mut w| {
+            use std::io::Write;
+            let _ = w.write_all(&head);
+            let zeros = vec![0u8; 1 << 20];
+            // Until decode stops reading, or 256 MiB.
+            for _ in 0..256 {
+                if w.write_all(&zeros).is_err() {
+                    return;
+                }
+            }
+        });
+        assert_eq!(code, 2, "{name}: {err}");
+        let want = format!("{field} 4294967280 at byte offset {at} is more than the 1048576 bytes");
+        assert!(err.contains(&want), "{name}: {err}");
+        assert!(rss_kib < 48 << 10, "{name}: {rss_kib} KiB");
+    }
+}

@@ -136,15 +136,15 @@ fn bad_queue_pair_counts_are_refused() {
     }
 }
 
-/// Relays one TCP connection from `listener` to 127.0.0.1:`to`; returns the bytes sent
-/// (client to server, server to client).
+/// Relays one TCP connection from `listener` to 127.0.0.2:`to` (where a server with `-d
+/// 127.0.0.2` listens); returns the bytes sent (client to server, server to client).
 fn counting_proxy(listener: std::net::TcpListener, to: u16) -> std::thread::JoinHandle<(u64, u64)> {
     use std::net::{Shutdown, TcpStream};
     std::thread::spawn(move || {
         let (client, _) = listener.accept().unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         let server = loop {
-            match TcpStream::connect(("127.0.0.1", to)) {
+            match TcpStream::connect(("127.0.0.2", to)) {
                 Ok(s) => break s,
                 Err(e) if std::time::Instant::now() > deadline => panic!("server: {e}"),
                 Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
@@ -200,4 +200,72 @@ fn the_tcp_exchange_has_perftests_shape() {
         assert!(server.wait().unwrap().success(), "{test}: server");
         assert_eq!(proxy.join().unwrap(), (bytes, bytes), "{test}: bytes (client to server, back)");
     }
+}
+
+#[test]
+fn bandwidth_tests_run_with_fewer_than_100_in_flight() {
+    // The client signals every 100th WR, lowered to -t when fewer are in flight: with a
+    // depth under 100 it must still see completions.
+    for (test, depth) in [("write_bw", "1"), ("send_bw", "10"), ("read_bw", "99")] {
+        let out = run(&[test, "-t", depth, "-n", "300", "-s", "1024"]);
+        assert!(out.contains(&format!(" CQ Moderation   : {depth}\n")), "{test}: {out}");
+        let row =
+            out.lines().find(|l| l.trim_start().starts_with("1024 ")).unwrap_or_else(|| panic!("{out}"));
+        assert_eq!(row.split_whitespace().nth(1), Some("300"), "{test}: {row}");
+    }
+}
+
+#[test]
+fn an_mtu_perftest_does_not_know_runs_at_the_active_mtu_and_says_so() {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let base = 20_000 + (std::process::id() % 10_000) as u16 + n * 3;
+    let out = Command::new(BIN)
+        .args(["perf", "write_bw", "-m", "7", "-n", "50", "--local", "-p", &base.to_string()])
+        .env("SOFTRDMA_PORT", (base + 1).to_string())
+        .output()
+        .unwrap();
+    let (text, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}{err}");
+    assert!(err.contains("invalid MTU 7") && err.contains("running at the port's active MTU"), "{err}");
+    let mtu =
+        text.lines().find_map(|l| l.strip_prefix(" Mtu             : ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(["256[B]", "512[B]", "1024[B]", "2048[B]", "4096[B]"].contains(&mtu), "{mtu}");
+    assert!(err.contains(&format!("active MTU, {}", mtu.trim_end_matches("[B]"))), "{err}\n{mtu}");
+    // A valid MTU is the one printed.
+    let out = run(&["write_bw", "-m", "512", "-n", "50"]);
+    assert!(out.contains(" Mtu             : 512[B]"), "{out}");
+}
+
+#[test]
+fn local_fails_at_once_with_the_servers_own_error() {
+    // The server's device port is taken: the server fails at once, and so must the client
+    // (which would otherwise wait for the server's TCP port), with the server's error.
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let base = 20_000 + (std::process::id() % 10_000) as u16 + n * 3;
+    let taken = std::net::UdpSocket::bind(("127.0.0.2", base + 1)).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["perf", "write_bw", "-n", "50", "--local", "-p", &base.to_string()])
+        .env("SOFTRDMA_PORT", (base + 1).to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(10) {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("perf --local still waiting 10 s after its server failed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    drop(taken);
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("server failed: ") && err.contains("in use"), "{err}");
+    assert!(!err.contains("cannot reach"), "{err}");
 }

@@ -40,7 +40,8 @@ fn run_pingpong(transport: &str, events: bool, size: &str, iters: &str, env: &[(
         .unwrap();
     let client = Command::new(BIN)
         .args(&common)
-        .args(["--bind", &cli_ip, "127.0.0.1"])
+        // The server's exchange listens on its --bind address only.
+        .args(["--bind", &cli_ip, &srv_ip])
         .envs(env.iter().copied())
         .output()
         .unwrap();

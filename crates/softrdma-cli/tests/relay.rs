@@ -44,7 +44,8 @@ fn rc_pingpong_through_an_impaired_relay() {
         .unwrap();
     let client = Command::new(BIN)
         .args(common)
-        .args(["--bind", "127.0.8.4", "--udp-port", &port(3), "--via", &b_side, "127.0.0.1"])
+        // The server's exchange listens on its --bind address only.
+        .args(["--bind", "127.0.8.4", "--udp-port", &port(3), "--via", &b_side, "127.0.8.3"])
         .output()
         .unwrap();
     let server = server.wait_with_output().unwrap();

@@ -1,7 +1,13 @@
 //! `softrdma perf`'s command line: the benchmark, perftest's options, and their checks;
 //! and the server's command line for `--local`.
 
-use super::Fail;
+use std::time::Duration;
+
+use softrdma::{Device, Mtu};
+use softrdma_proto::qp::MAX_MESSAGE;
+
+use super::{Fail, CQ_MOD};
+use crate::limits;
 
 /// Which benchmark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -87,18 +93,20 @@ pub struct PerfArgs {
     /// IB port (only port 1 exists).
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     pub ib_port: u8,
-    /// Message size.
+    /// Message size (at most 2^31 bytes, RDMA's largest message).
     #[arg(short = 's', long, default_value_t = 0)]
     pub size: usize,
-    /// Iterations (default: 5000 for BW tests, 1000 for latency tests).
+    /// Iterations (default: 5000 for BW tests, 1000 for latency tests; at most 10^9 for BW
+    /// tests and 10^8 for latency tests, which keep every sample).
     #[arg(short = 'n', long)]
     pub iters: Option<u64>,
     /// All sizes from 2 to 2^23.
     #[arg(short = 'a', long)]
     pub all: bool,
-    /// Run each size for this many seconds instead of -n iterations (BW tests).
-    #[arg(short = 'D', long)]
-    pub duration: Option<f64>,
+    /// Run each size for this long instead of -n iterations (BW tests): seconds, or a
+    /// number with a unit (ms, s, m, h).
+    #[arg(short = 'D', long, value_parser = limits::duration)]
+    pub duration: Option<Duration>,
     /// TCP port of the exchange.
     #[arg(short = 'p', long, default_value_t = 18515)]
     pub port: u16,
@@ -133,7 +141,8 @@ pub struct PerfArgs {
     /// GID index of the device to bind (`softrdma devinfo -v` lists the table).
     #[arg(short = 'x', long = "gid-index")]
     pub gid_index: Option<u32>,
-    /// Path MTU (256..4096).
+    /// Path MTU: 256, 512, 1024, 2048 or 4096 (as perftest, another value runs at the
+    /// port's active MTU, and one above it at the active MTU).
     #[arg(short = 'm', long)]
     pub mtu: Option<u32>,
     /// Print user and system CPU as a percentage of the elapsed time.
@@ -153,9 +162,62 @@ pub struct PerfArgs {
 
 /// Most queue pairs one run opens (`-q`).
 const MAX_QPS: u32 = 64;
+/// Most iterations of a bandwidth test (`-n`).
+const MAX_BW_ITERS: u64 = 1_000_000_000;
+/// Most iterations of a latency test (`-n`): each keeps its sample, 8 bytes.
+const MAX_LAT_ITERS: u64 = 100_000_000;
 
-/// Refuses the combinations of options that cannot run.
+/// The device `-d` names (with `-x`, the GID only changes its address; without `-d`,
+/// 127.0.0.1's): its limits are the ones the run must keep.
+pub(super) fn device(args: &PerfArgs) -> Result<Device, Fail> {
+    let name = args.device.as_deref().unwrap_or("127.0.0.1");
+    softrdma::find_device(name).map_err(|e| format!("-d {name}: {e}"))
+}
+
+/// Refuses the options that cannot run, before anything is bound or allocated: every
+/// count, size and depth against the device's limits and this host's memory.
 pub(super) fn check(args: &PerfArgs) -> Result<(), Fail> {
+    check_options(args)?;
+    let dev = device(args)?;
+    let attr = dev.attr();
+    for (flag, v) in [("-t", args.tx_depth), ("-r", args.rx_depth)] {
+        if v == 0 || v > attr.max_qp_wr {
+            return Err(format!(
+                "{flag} {v}: takes 1 to {} work requests (the device's max_qp_wr)",
+                attr.max_qp_wr
+            ));
+        }
+    }
+    if args.inline > softrdma::MAX_INLINE {
+        return Err(format!("-I {}: at most {} bytes are sent inline", args.inline, softrdma::MAX_INLINE));
+    }
+    let cqe = cq_entries(args);
+    if cqe > u64::from(attr.max_cqe) {
+        return Err(format!(
+            "-t {} -r {} -q {}: the completion queue would need {cqe} entries, more than the device's max_cqe ({})",
+            args.tx_depth, args.rx_depth, args.qps, attr.max_cqe
+        ));
+    }
+    let sizes = sizes(args, mtu(args, dev.active_mtu()).0.bytes() as usize)?;
+    let max = *sizes.iter().max().unwrap_or(&8);
+    let what = if args.all { "-a".to_string() } else { format!("-s {}", args.size) };
+    let what =
+        if args.test.is_send() { format!("{what} -r {} -q {}", args.rx_depth, args.qps) } else { what };
+    limits::check_regions(&what, &[region_len(args, max)], &attr)
+}
+
+/// The checks that need no device.
+fn check_options(args: &PerfArgs) -> Result<(), Fail> {
+    if args.port == 0 {
+        return Err("-p 0: the client must know the port of the exchange".into());
+    }
+    let most = if args.test.is_bw() { MAX_BW_ITERS } else { MAX_LAT_ITERS };
+    if let Some(n) = args.iters.filter(|&n| n == 0 || n > most) {
+        return Err(format!("-n {n}: takes 1 to {most} iterations"));
+    }
+    if args.size as u64 > MAX_MESSAGE {
+        return Err(format!("-s {}: RDMA messages are at most {MAX_MESSAGE} bytes", args.size));
+    }
     if args.qps == 0 || args.qps > MAX_QPS {
         return Err(format!("-q takes 1 to {MAX_QPS} queue pairs"));
     }
@@ -163,7 +225,7 @@ pub(super) fn check(args: &PerfArgs) -> Result<(), Fail> {
         return Err("multiple queue pairs are for the bandwidth tests".into());
     }
     if args.ib_port != 1 {
-        return Err("only IB port 1 exists".into());
+        return Err(format!("-i {}: only IB port 1 exists", args.ib_port));
     }
     if args.connection == Conn::Ud && !args.test.is_send() {
         return Err("UD supports only the send tests".into());
@@ -172,6 +234,68 @@ pub(super) fn check(args: &PerfArgs) -> Result<(), Fail> {
         return Err("-R connects RC QPs only (UD over rdma_cm is not supported)".into());
     }
     Ok(())
+}
+
+/// Entries of the completion queue all QPs share: room for every send and receive.
+pub(super) fn cq_entries(args: &PerfArgs) -> u64 {
+    (u64::from(args.tx_depth.max(args.rx_depth)) * 2 + 16) * u64::from(args.qps.max(1))
+}
+
+/// The bytes of the one memory region of a run whose largest message is `max`, and its
+/// layout: (region, one buffer, receive slots per QP). `None` when it overflows.
+pub(super) fn region_len(args: &PerfArgs, max: usize) -> Option<u64> {
+    layout(args, max).map(|l| l.0)
+}
+
+/// (region, buffer, receive slots per QP) of a run whose largest message is `max`:
+/// receive slots of every QP (with the GRH area on UD), then the local buffer, then the
+/// target of the peer's RDMA (which all QPs share). The target is at least the 4096-byte
+/// cycle buffer we announce: perftest's small one-sided operations walk through that much
+/// of the peer's memory.
+pub(super) fn layout(args: &PerfArgs, max: usize) -> Option<(u64, usize, usize)> {
+    let slot = max.checked_add(if args.connection == Conn::Ud { 40 } else { 0 })?;
+    let buf = slot.max(8).checked_next_multiple_of(64)?;
+    let slots = if args.test.is_send() { args.rx_depth.max(1) as usize } else { 1 };
+    let target = buf.max(super::CYCLE_BUFFER);
+    let len = buf
+        .checked_mul(slots)?
+        .checked_mul(args.qps.max(1) as usize)?
+        .checked_add(buf)?
+        .checked_add(target)?;
+    Some((u64::try_from(len).ok()?, buf, slots))
+}
+
+/// The path MTU a run uses, as perftest's `set_mtu` chooses it: `-m` if it is an IB MTU
+/// no larger than the port's `active`, else `active`; and the warning perftest prints when
+/// it does not run at `-m`.
+pub(super) fn mtu(args: &PerfArgs, active: Mtu) -> (Mtu, Option<String>) {
+    let Some(m) = args.mtu else { return (active, None) };
+    let asked = match m {
+        256 => Mtu::Mtu256,
+        512 => Mtu::Mtu512,
+        1024 => Mtu::Mtu1024,
+        2048 => Mtu::Mtu2048,
+        4096 => Mtu::Mtu4096,
+        _ => {
+            let why = format!(
+                "invalid MTU {m}: the MTU is one of 256, 512, 1024, 2048, 4096; running at the port's active MTU, {}",
+                active.bytes()
+            );
+            return (active, Some(why));
+        }
+    };
+    if asked.bytes() > active.bytes() {
+        let why = format!("MTU {m} is above the port's active MTU: running at {}", active.bytes());
+        return (active, Some(why));
+    }
+    (asked, None)
+}
+
+/// Signaled send WRs of the bandwidth tests: every `CQ_MOD`-th, or every `-t`-th when
+/// fewer are in flight (perftest lowers its CQ moderation to the TX depth, so that a full
+/// send queue always holds a signaled WR).
+pub(super) fn cq_mod(args: &PerfArgs) -> u64 {
+    CQ_MOD.min(u64::from(args.tx_depth.max(1)))
 }
 
 /// The message sizes to run, given the device's active MTU (which bounds UD messages).
@@ -199,7 +323,7 @@ pub(super) fn sizes(args: &PerfArgs, active_mtu: usize) -> Result<Vec<usize>, Fa
     }
     let max = *sizes.iter().max().unwrap_or(&8);
     if ud && max > active_mtu {
-        return Err("UD messages are at most one MTU".into());
+        return Err(format!("-s {max}: UD messages are at most one MTU ({active_mtu} bytes)"));
     }
     Ok(sizes)
 }
@@ -218,7 +342,7 @@ pub(super) fn server_flags(a: &PerfArgs) -> Vec<String> {
         v.extend(["-n".into(), n.to_string()]);
     }
     if let Some(d) = a.duration {
-        v.extend(["-D".into(), d.to_string()]);
+        v.extend(["-D".into(), d.as_secs_f64().to_string()]);
     }
     if let Some(m) = a.mtu {
         v.extend(["-m".into(), m.to_string()]);

@@ -18,12 +18,16 @@
 //! one command needs no set-up.
 
 use std::io::Read;
-use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
 
 pub use args::PerfArgs;
 use run::cpu_times;
 use setup::Session;
+
+use crate::limits;
 
 mod args;
 mod cm;
@@ -34,13 +38,18 @@ mod setup;
 
 type Fail = String;
 
-/// Operations between signaled ones in BW tests (perftest's CQ moderation).
+/// Operations between signaled ones in BW tests (perftest's CQ moderation; lowered to
+/// `-t` when that is smaller, [`args::cq_mod`]).
 const CQ_MOD: u64 = 100;
 /// The cycle buffer size of perftest's exchange.
 const CYCLE_BUFFER: usize = 4096;
 
 /// Runs the command; returns the process exit status.
 pub fn run(args: &PerfArgs) -> i32 {
+    if let Err(e) = args::check(args) {
+        eprintln!("softrdma perf: {e}");
+        return limits::USAGE;
+    }
     match perf(args) {
         Ok(()) => 0,
         Err(e) => {
@@ -51,9 +60,11 @@ pub fn run(args: &PerfArgs) -> i32 {
 }
 
 fn perf(args: &PerfArgs) -> Result<(), Fail> {
-    args::check(args)?;
     if args.local {
         return local(args);
+    }
+    if let (_, Some(warning)) = args::mtu(args, args::device(args)?.active_mtu()) {
+        eprintln!("softrdma perf: {warning}");
     }
     // With -R the control connection comes first: its device is the benchmark's.
     let (ctx, control) = if args.rdma_cm {
@@ -63,7 +74,7 @@ fn perf(args: &PerfArgs) -> Result<(), Fail> {
     } else {
         (setup::open(args)?, None)
     };
-    let sizes = args::sizes(args, ctx.device().active_mtu().bytes() as usize)?;
+    let sizes = args::sizes(args, args::mtu(args, ctx.device().active_mtu()).0.bytes() as usize)?;
     let max = *sizes.iter().max().unwrap_or(&8);
     let mut s = Session::new(args, ctx, max)?;
     let mut stream = s.exchange(control)?;
@@ -104,40 +115,80 @@ fn perf(args: &PerfArgs) -> Result<(), Fail> {
     Ok(())
 }
 
-/// Spawns the server as a second process and runs the client against it.
+/// Spawns the server as a second process and runs the client against it. When the server
+/// fails, the client has nothing to wait for: the process ends at once with the server's
+/// error.
 fn local(args: &PerfArgs) -> Result<(), Fail> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(exe);
     cmd.arg("perf").arg(args.test.name()).args(["-d", "127.0.0.2", "-p", &args.port.to_string()]);
     cmd.args(args::server_flags(args)).stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut server = ServerGuard(cmd.spawn().map_err(|e| e.to_string())?);
+    let mut server = cmd.spawn().map_err(|e| e.to_string())?;
+    let pid = server.id();
+    // Set once the server is reaped: its pid may then name another process.
+    let reaped = Arc::new(Mutex::new(false));
+    let client_done = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    let done = client_done.clone();
+    let reaped_by_waiter = reaped.clone();
+    std::thread::spawn(move || {
+        // The server's stderr ends when it does; what it says is kept (bounded).
+        let mut err = Vec::new();
+        if let Some(e) = server.stderr.take() {
+            let mut e = e;
+            let _ = e.by_ref().take(MAX_SERVER_ERR).read_to_end(&mut err);
+            let _ = std::io::copy(&mut e, &mut std::io::sink());
+        }
+        let err = String::from_utf8_lossy(&err).trim().to_string();
+        let status = {
+            let mut reaped = reaped_by_waiter.lock().unwrap_or_else(|p| p.into_inner());
+            *reaped = true;
+            server.wait()
+        };
+        if let Ok(st) = &status {
+            if !st.success() && !done.load(Ordering::SeqCst) {
+                eprintln!("softrdma perf: server failed: {err}");
+                std::process::exit(1);
+            }
+        }
+        let _ = tx.send((status, err));
+    });
     let client = PerfArgs {
         local: false,
         device: Some("127.0.0.3".into()),
-        // The server's device address: the connection manager (-R) reaches it there.
+        // The server's device address: the exchange's listener and the connection manager
+        // (-R) are there.
         host: Some("127.0.0.2".into()),
         ..args::clone_args(args)
     };
     let r = perf(&client);
-    let status = server.0.wait().map_err(|e| e.to_string())?;
-    let mut err = String::new();
-    if let Some(mut e) = server.0.stderr.take() {
-        let _ = e.read_to_string(&mut err);
+    client_done.store(true, Ordering::SeqCst);
+    if r.is_err() {
+        kill(pid, &reaped);
     }
-    r?;
-    if !status.success() {
-        return Err(format!("server failed: {}", err.trim()));
+    let Ok((status, err)) = rx.recv_timeout(SERVER_EXIT) else {
+        kill(pid, &reaped);
+        r?;
+        return Err(format!("the server did not exit within {} s of the run", SERVER_EXIT.as_secs()));
+    };
+    let status = status.map_err(|e| e.to_string())?;
+    // A server that exited by itself (not by our kill) has the error that matters.
+    if status.code().is_some_and(|c| c != 0) {
+        return Err(format!("server failed: {err}"));
     }
-    Ok(())
+    r
 }
 
-struct ServerGuard(Child);
+/// What is kept of the server's stderr.
+const MAX_SERVER_ERR: u64 = 64 << 10;
+/// How long the server may take to exit after the client's run.
+const SERVER_EXIT: Duration = Duration::from_secs(30);
 
-impl Drop for ServerGuard {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
+/// Ends our server child unless it has been reaped (its pid is its own until then).
+fn kill(pid: u32, reaped: &Mutex<bool>) {
+    let reaped = reaped.lock().unwrap_or_else(|p| p.into_inner());
+    if let (false, Ok(pid)) = (*reaped, libc::pid_t::try_from(pid)) {
+        // SAFETY: a signal to our own child, which has not been reaped.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
     }
 }

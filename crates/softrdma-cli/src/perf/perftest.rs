@@ -3,7 +3,7 @@
 //! over TCP, or with `-R` over an rdma_cm connection ([`super::cm`]).
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
@@ -14,13 +14,13 @@ use super::cm::{self, Control};
 use super::run::Measured;
 use super::setup::Session;
 use super::{Fail, CYCLE_BUFFER};
-use crate::exchange;
+use crate::exchange::{self, Bounded, ClientError};
 
 const VERSION: &[u8; 16] = b"6.06\0\0\0\0\0\0\0\0\0\0\0\0";
 
 /// The channel of perftest's exchange.
 pub(super) enum Ctrl {
-    Tcp(TcpStream),
+    Tcp(Bounded),
     Cm(Box<Control>),
 }
 
@@ -42,7 +42,12 @@ impl Ctrl {
                 let mut b = 0u8;
                 // SAFETY: a one-byte buffer of ours on the stream's own descriptor.
                 let n = unsafe {
-                    libc::recv(s.as_raw_fd(), (&raw mut b).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+                    libc::recv(
+                        s.stream().as_raw_fd(),
+                        (&raw mut b).cast(),
+                        1,
+                        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                    )
                 };
                 match n {
                     0.. => Ok(true), // the message, or the peer gone (0)
@@ -67,24 +72,41 @@ pub(super) fn announce(args: &PerfArgs) {
 impl Session<'_> {
     /// perftest's exchange: version, cycle buffer, cache line, MTU, then the QP message;
     /// over `control` when the connection manager made one (`-R`), else over TCP.
+    ///
+    /// The TCP server serves clients one at a time until one completes the exchange: a
+    /// client that sends nothing for [`exchange::CLIENT_TIMEOUT`], or anything that is not
+    /// perftest's exchange, is dropped (with a line on stderr) before any QP is connected
+    /// to it. Once a client's QPs are connected, the server runs that one benchmark and
+    /// exits, as perftest does.
     pub(super) fn exchange(&mut self, control: Option<Control>) -> Result<Ctrl, Fail> {
         let args = self.args;
-        let mut s = match control {
-            Some(c) => Ctrl::Cm(Box::new(c)),
-            None => {
+        let mut ctrl = match (control, &args.host) {
+            (Some(c), _) => Ctrl::Cm(Box::new(c)),
+            (None, Some(host)) => {
                 announce(args);
-                Ctrl::Tcp(exchange::connect_or_accept(
-                    args.host.as_deref(),
-                    args.port,
-                    Duration::from_secs(15),
-                )?)
+                let s = exchange::connect(host, args.port, Duration::from_secs(15))?;
+                Ctrl::Tcp(Bounded::new(s, exchange::SERVER_TIMEOUT))
+            }
+            (None, None) => {
+                announce(args);
+                let listener = exchange::Listener::bind(listen_addr(args), args.port)?;
+                return listener.serve("softrdma perf", |s| {
+                    let mut ctrl = Ctrl::Tcp(s);
+                    let mtu = self.greet(&mut ctrl).map_err(ClientError::Dropped)?;
+                    self.finish(ctrl, mtu).map_err(ClientError::Fatal)
+                });
             }
         };
+        let mtu = self.greet(&mut ctrl)?;
+        self.finish(ctrl, mtu)
+    }
+
+    /// The exchange up to the peer's QP messages; nothing is connected to the peer yet.
+    /// Returns the path MTU both sides settled on.
+    fn greet(&mut self, s: &mut Ctrl) -> Result<Option<Mtu>, Fail> {
+        let args = self.args;
         // Our QPs' MTU (with -R they do not exist yet: the port's, as perftest's set_mtu).
-        let my_mtu = self.mine.first().map_or_else(
-            || self.ctx.device().active_mtu().bytes().min(args.mtu.unwrap_or(u32::MAX)),
-            |e| e.mtu,
-        );
+        let my_mtu = self.mine.first().map_or(self.mtu.bytes(), |e| e.mtu);
         let mtu_enum = [256u32, 512, 1024, 2048, 4096].iter().position(|&m| m == my_mtu).map_or(3, |p| p + 1);
         let mut msgs: Vec<Vec<u8>> = vec![
             VERSION.to_vec(),
@@ -114,18 +136,27 @@ impl Session<'_> {
             s.swap(self.client, &[0; cm::DEST_LEN])?;
         }
         // One message per QP, in order: the peer's i-th QP is the partner of our i-th.
+        self.theirs.clear();
         for k in 0..self.mine.len() {
             let got = s.swap(self.client, &self.key_of(k))?;
             let theirs = if args.rdma_cm { cm::parse_dest_message(&got)? } else { parse_key_message(&got)? };
+            let addr = SocketAddr::new(theirs.0, softrdma::default_port());
+            exchange::same_family(self.ctx.local_addr(), addr)?;
             self.theirs.push(EndpointInfo {
-                addr: SocketAddr::new(theirs.0, softrdma::default_port()),
+                addr,
                 qpn: theirs.1,
                 psn: theirs.2,
                 mtu: mtu.map_or(1024, |m| m.bytes()),
                 region: Some(RemoteRegion { addr: theirs.4, len: u64::MAX, rkey: theirs.3 }),
             });
         }
-        if args.rdma_cm {
+        Ok(mtu)
+    }
+
+    /// Connects our QPs to the peer's and passes perftest's barriers; then lifts the
+    /// exchange's deadline for the run.
+    fn finish(&mut self, mut s: Ctrl, mtu: Option<Mtu>) -> Result<Ctrl, Fail> {
+        if self.args.rdma_cm {
             self.remote = self.theirs.first().and_then(|t| t.region);
         } else {
             self.connect_qps(mtu)?;
@@ -135,6 +166,9 @@ impl Session<'_> {
         s.swap(self.client, &self.key())?;
         if self.args.test.is_send() || !self.args.test.is_bw() {
             s.swap(self.client, &self.key())?;
+        }
+        if let Ctrl::Tcp(b) = &mut s {
+            b.unbounded().map_err(|e| format!("exchange: {e}"))?;
         }
         Ok(s)
     }
@@ -206,16 +240,23 @@ impl Session<'_> {
 
 /// Sends `msg` and receives the peer's message of the same length (the client speaks
 /// first).
-fn swap(s: &mut TcpStream, client: bool, msg: &[u8]) -> Result<Vec<u8>, Fail> {
+fn swap(s: &mut Bounded, client: bool, msg: &[u8]) -> Result<Vec<u8>, Fail> {
     let mut got = vec![0u8; msg.len()];
     if client {
-        s.write_all(msg).map_err(|e| e.to_string())?;
+        s.write_all(msg).map_err(|e| format!("exchange: {e}"))?;
         s.read_exact(&mut got).map_err(|e| format!("exchange: {e}"))?;
     } else {
         s.read_exact(&mut got).map_err(|e| format!("exchange: {e}"))?;
-        s.write_all(msg).map_err(|e| e.to_string())?;
+        s.write_all(msg).map_err(|e| format!("exchange: {e}"))?;
     }
     Ok(got)
+}
+
+/// Where the TCP server listens: `-d`'s address when `-d` gives one. With a device name,
+/// or none, on every IPv4 address, as perftest: its users reach the server by any name of
+/// its host, often on another network than the RDMA device's.
+fn listen_addr(args: &PerfArgs) -> Option<IpAddr> {
+    args.device.as_deref().and_then(|d| d.parse().ok())
 }
 
 /// perftest's RoCE QP message: `lid:out_reads:qpn:psn:rkey:vaddr:gid:srqn:` and a NUL, 108

@@ -4,10 +4,9 @@ use std::net::IpAddr;
 
 use softrdma::RemoteRegion;
 
-use super::args::{Conn, PerfArgs};
+use super::args::{self, Conn, PerfArgs};
 use super::run::Measured;
 use super::setup::Session;
-use super::CQ_MOD;
 
 /// perftest's rule between the parts of its output.
 pub(super) const LINE: &str =
@@ -98,7 +97,7 @@ impl Session<'_> {
             println!(" TX depth        : {}", if a.test.is_bw() { a.tx_depth } else { 1 });
         }
         if a.test.is_bw() {
-            println!(" CQ Moderation   : {CQ_MOD}");
+            println!(" CQ Moderation   : {}", args::cq_mod(a));
         }
         println!(" Mtu             : {}[B]", self.mine[0].mtu);
         println!(" Link type       : Ethernet");

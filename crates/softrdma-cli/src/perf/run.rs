@@ -7,10 +7,10 @@ use softrdma::{
     QueuePair, RemoteRegion, Rkey, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::args::{Conn, Test};
+use super::args::{self, Conn, Test};
 use super::perftest::Ctrl;
 use super::setup::Session;
-use super::{Fail, CQ_MOD};
+use super::Fail;
 
 /// The client's measurements for one size.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, Default)]
@@ -124,8 +124,10 @@ impl Session<'_> {
     /// (or posts until `-D` seconds are over).
     fn client_bw(&mut self, size: usize) -> Result<Measured, Fail> {
         let iters = self.iters();
-        let deadline = self.args.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
+        // -D is at most limits::MAX_DURATION, which any clock can add.
+        let deadline = self.args.duration.and_then(|d| Instant::now().checked_add(d));
         let depth = u64::from(self.args.tx_depth.max(1));
+        let cq_mod = args::cq_mod(self.args);
         let nq = self.qps.len();
         // Per QP: WRs posted, completed, and covered by a signaled WR.
         let (mut posted, mut done, mut signaled_to) = (vec![0u64; nq], vec![0u64; nq], vec![0u64; nq]);
@@ -139,9 +141,9 @@ impl Session<'_> {
                 // Post as many as the depth allows in one call (one system call for all).
                 let mut batch = Vec::new();
                 while more && posted[q] - done[q] < depth && (deadline.is_some() || posted[q] < iters) {
-                    // Signal every CQ_MOD-th WR, and the last one.
+                    // Signal every cq_mod-th WR, and the last one.
                     let p = posted[q];
-                    let signaled = (p + 1) % CQ_MOD == 0 || (deadline.is_none() && p + 1 == iters);
+                    let signaled = (p + 1) % cq_mod == 0 || (deadline.is_none() && p + 1 == iters);
                     batch.push(self.wr(q, size, p, signaled)?);
                     posted[q] += 1;
                     if signaled {
@@ -152,7 +154,7 @@ impl Session<'_> {
                     self.qp(q)?.post_send_many(batch).map_err(|(_, e)| e.to_string())?;
                 }
                 if !more && signaled_to[q] < posted[q] {
-                    // The run ended off a CQ_MOD boundary: one signaled WR covers the rest.
+                    // The run ended off a cq_mod boundary: one signaled WR covers the rest.
                     self.post(q, size, posted[q], true)?;
                     posted[q] += 1;
                     signaled_to[q] = posted[q];
@@ -188,7 +190,8 @@ impl Session<'_> {
             }
             return Ok(Measured { iters, lat: laps.0, ..Measured::default() });
         }
-        let mut lat = Vec::with_capacity(iters as usize);
+        // -n is bounded (args::check); the samples grow as they come past the first 2^20.
+        let mut lat = Vec::with_capacity(iters.min(1 << 20) as usize);
         for i in 0..iters {
             let t = Instant::now();
             if self.args.test == Test::SendLat {
@@ -268,7 +271,7 @@ impl Session<'_> {
             // RC delivers every message: count them (sleeping on the channel with -e).
             Test::SendBw if self.args.duration.is_none() && self.args.connection == Conn::Rc => {
                 let mut got = Received::default();
-                while got.n < iters * self.qps.len() as u64 {
+                while got.n < iters.saturating_mul(self.qps.len() as u64) {
                     let wc = self.wait()?;
                     if wc.opcode == WcOpcode::Recv {
                         got.one();

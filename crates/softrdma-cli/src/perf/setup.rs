@@ -9,9 +9,9 @@ use softrdma::{
     ProtectionDomain, Qkey, QpBuilder, QpCaps, QueuePair, RecvWr, RemoteRegion, UdDest,
 };
 
-use super::args::{Conn, PerfArgs};
+use super::args::{self, Conn, PerfArgs};
 use super::cm::DataConns;
-use super::{Fail, CYCLE_BUFFER};
+use super::Fail;
 use softrdma::cm::Ep;
 
 const QKEY: Qkey = Qkey(0x1111_1111);
@@ -33,6 +33,8 @@ pub(super) struct Session<'a> {
     pub(super) args: &'a PerfArgs,
     pub(super) ctx: Context,
     pub(super) client: bool,
+    /// The path MTU of the run: `-m`'s as perftest settles it ([`args::mtu`]).
+    pub(super) mtu: Mtu,
     pub(super) cq: CompletionQueue,
     pub(super) channel: Option<CompletionChannel>,
     pub(super) mr: MemoryRegion,
@@ -64,20 +66,14 @@ impl<'a> Session<'a> {
         let pd = ctx.alloc_pd();
         let channel = if args.events { Some(ctx.create_channel().map_err(|e| e.to_string())?) } else { None };
         let nq = args.qps.max(1) as usize;
-        let depth = ((args.tx_depth.max(args.rx_depth) as usize * 2 + 16) * nq).min(softrdma::MAX_CQE);
+        // args::check kept the CQ within max_cqe and the region within max_mr_size.
+        let depth = usize::try_from(args::cq_entries(args)).unwrap_or(usize::MAX).min(softrdma::MAX_CQE);
         let cq = ctx.create_cq(depth, channel.as_ref()).map_err(|e| e.to_string())?;
         let ud = args.connection == Conn::Ud;
-        // One buffer per receive slot for SEND tests (with the GRH area on UD), one for the rest.
-        let slot = max + if ud { 40 } else { 0 };
-        let buf = slot.max(8).next_multiple_of(64);
-        let slots = if args.test.is_send() { args.rx_depth.max(1) as usize } else { 1 };
+        let (len, buf, slots) = args::layout(args, max).ok_or("the memory region's size overflows")?;
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-        // Receive slots of every QP, then the local buffer, then the target of the peer's
-        // RDMA (which all QPs share).
-        // The target is at least the 4096-byte cycle buffer we announce: perftest's small
-        // one-sided operations walk through that much of the peer's memory.
-        let target = buf.max(CYCLE_BUFFER);
-        let mr = pd.register(buf * slots * nq + buf + target, access).map_err(|e| e.to_string())?;
+        let len = usize::try_from(len).map_err(|_| "the memory region's size overflows")?;
+        let mr = pd.register(len, access).map_err(|e| e.to_string())?;
         let caps = QpCaps {
             max_send_wr: args.tx_depth.clamp(1, softrdma::MAX_QP_WR),
             max_recv_wr: args.rx_depth.clamp(1, softrdma::MAX_QP_WR),
@@ -85,10 +81,12 @@ impl<'a> Session<'a> {
             ..QpCaps::default()
         };
         let b = if ud { QpBuilder::ud(QKEY) } else { QpBuilder::rc().access(access) }.caps(caps);
+        let mtu = args::mtu(args, ctx.device().active_mtu()).0;
         let mut s = Session {
             args,
             ctx,
             client,
+            mtu,
             cq,
             channel,
             mr,
@@ -111,9 +109,7 @@ impl<'a> Session<'a> {
             for _ in 0..nq {
                 let p = s.pd.prepare_qp(&s.builder, &s.cq, &s.cq).map_err(|e| e.to_string())?;
                 let mut e = p.endpoint();
-                if let Some(m) = args.mtu {
-                    e.mtu = e.mtu.min(m);
-                }
+                e.mtu = e.mtu.min(s.mtu.bytes());
                 e.region = Some(s.target());
                 s.prepared.push(p);
                 s.mine.push(e);
