@@ -204,7 +204,7 @@ fn pingpong_binds_the_gid_that_g_names() {
     let server = server.wait_with_output().unwrap();
     let (c, s) = (String::from_utf8_lossy(&client.stdout), String::from_utf8_lossy(&server.stdout));
     assert!(client.status.success() && server.status.success(), "{c}\n{s}");
-    assert!(c.contains("local address:  QPN 0x000010, PSN") && c.contains(&format!("GID {cli_ip}:")), "{c}");
+    assert!(c.contains("local address:  QPN 0x") && c.contains(&format!("GID {cli_ip}:")), "{c}");
     assert!(s.contains(&format!("GID {srv_ip}:")), "{s}");
     // An index past the table is refused before anything is bound.
     let bad = Command::new(BIN).args(common).args(["-g", "200", "127.0.0.1"]).envs(env).output().unwrap();
