@@ -75,7 +75,7 @@ impl Default for WorkloadConfig {
 pub struct WorkloadReport {
     /// Operations posted.
     pub ops: u64,
-    /// Operations completed with their checks run.
+    /// Operations whose every completion was a success (their checks run).
     pub completed: u64,
     /// Operations whose data (landed bytes, fetched values) was wrong.
     pub data_errors: u64,
@@ -143,6 +143,8 @@ struct Op {
     imm: u32,
     /// Completions still awaited: the send's, and for SEND and WRITE_WITH_IMM the receive's.
     awaiting: u8,
+    /// One of its completions had a status other than success.
+    failed: bool,
 }
 
 const A_BASE: u64 = 0x10_0000_0000;
@@ -330,20 +332,24 @@ impl Run {
             self.problem(false, format!("post_send {wr_id}: {e}"));
         }
         let awaiting = if matches!(kind, Kind::Send | Kind::SendImm | Kind::WriteImm) { 2 } else { 1 };
-        self.ops.insert(wr_id, Op { kind, len, slot, data, atomic_before, imm, awaiting });
+        self.ops.insert(wr_id, Op { kind, len, slot, data, atomic_before, imm, awaiting, failed: false });
         self.send_order.push_back(wr_id);
         self.report.ops += 1;
     }
 
-    /// One completion of `op` arrived; when it has all it awaits, it is done.
-    fn settle(&mut self, wr_id: u64) {
+    /// One completion of `op` arrived, with `status`; when it has all it awaits, it is
+    /// done, and counts as completed if every completion was a success.
+    fn settle(&mut self, wr_id: u64, status: WcStatus) {
         let Some(op) = self.ops.get_mut(&wr_id) else { return };
         op.awaiting -= 1;
+        op.failed |= status != WcStatus::Success;
         if op.awaiting == 0 {
             let op = self.ops.remove(&wr_id).expect("present");
             self.free_slots.push(op.slot);
-            self.report.bytes += op.len as u64;
-            self.report.completed += 1;
+            if !op.failed {
+                self.report.bytes += op.len as u64;
+                self.report.completed += 1;
+            }
         }
     }
 
@@ -382,7 +388,7 @@ impl Run {
         } else if !bytes_ok {
             self.problem(true, format!("op {wr_id} {kind:?} of {len} bytes: wrong data"));
         }
-        self.settle(wr_id);
+        self.settle(wr_id, wc.status);
     }
 
     fn check_recv_wc(&mut self, wc: WorkCompletion) {
@@ -414,7 +420,7 @@ impl Run {
         } else if wc.imm_data != imm || !landed {
             self.problem(true, format!("op {wr_id} {kind:?} of {len} bytes: wrong data or immediate"));
         }
-        self.settle(wr_id);
+        self.settle(wr_id, wc.status);
     }
 
     /// Every byte written since the last check must lie in memory an in-flight operation
