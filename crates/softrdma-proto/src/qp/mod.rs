@@ -844,3 +844,6 @@ fn scatter(
         Err(crate::memory::MemError::OutOfBounds)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,519 @@
+//! One QP in isolation: hand-made packets in, the packets and completions it produces
+//! checked one by one. The requester, the completer and the responder, each state change
+//! on its own; the simulator tests run whole connections.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::*;
+use crate::memory::{Access, PdId};
+use crate::sim::SimMemory;
+use crate::wire::{
+    icrc, AethRepr, AethSyndrome, BthRepr, NakCode, Opcode, Operation, Packet, PacketRepr, RethRepr,
+    Transport,
+};
+use crate::{Lkey, Psn, Qpn, Rkey};
+
+const SQ: u32 = 0x1000;
+const RQ: u32 = 0x2000;
+const BASE: u64 = 0x10_0000;
+const PEER_QPN: u32 = 0x77;
+
+fn me() -> SocketAddr {
+    "10.0.0.1:4791".parse().unwrap()
+}
+fn peer() -> SocketAddr {
+    "10.0.0.2:4791".parse().unwrap()
+}
+
+fn all() -> Access {
+    Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC
+}
+
+struct T {
+    qp: QueuePair,
+    mem: SimMemory,
+    lkey: Lkey,
+    rkey: Rkey,
+    now: Duration,
+    buf: Vec<u8>,
+}
+
+/// A packet the QP sent, parsed.
+#[derive(Debug)]
+struct Out {
+    op: Operation,
+    psn: u32,
+    ack_req: bool,
+    syndrome: Option<AethSyndrome>,
+    payload: Vec<u8>,
+}
+
+fn attrs(qp_type: QpType) -> [QpAttr; 3] {
+    let rc = qp_type == QpType::Rc;
+    [
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            access_flags: Some(all()),
+            ..QpAttr::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rtr),
+            path_mtu: Some(Mtu::Mtu1024),
+            remote: Some(peer()),
+            dest_qpn: Some(Qpn::new(PEER_QPN)),
+            rq_psn: Some(Psn::new(RQ)),
+            max_dest_rd_atomic: rc.then_some(4),
+            min_rnr_timer: rc.then_some(1),
+            ..QpAttr::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(SQ)),
+            timeout: rc.then_some(10),
+            retry_cnt: rc.then_some(2),
+            rnr_retry: rc.then_some(1),
+            max_rd_atomic: rc.then_some(1),
+            ..QpAttr::default()
+        },
+    ]
+}
+
+impl T {
+    /// A QP of `qp_type` in RTS, with a 64 KiB region of every right.
+    fn new(qp_type: QpType) -> T {
+        let cfg = QpConfig {
+            qp_type,
+            pd: PdId(1),
+            local: me(),
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+            srq: None,
+        };
+        let mut qp = QueuePair::new(Qpn::new(0x42), cfg);
+        for a in attrs(qp_type) {
+            qp.modify(&a).unwrap();
+        }
+        let mut mem = SimMemory::new(1);
+        let (lkey, rkey) = mem.register(PdId(1), BASE, 65536, all()).unwrap();
+        for (i, b) in mem.bytes_mut(lkey).unwrap().iter_mut().enumerate() {
+            *b = (i * 7) as u8;
+        }
+        T { qp, mem, lkey, rkey, now: Duration::ZERO, buf: vec![0; 9000] }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        self.mem.bytes(self.lkey).unwrap().to_vec()
+    }
+
+    /// Everything the QP sends now.
+    fn out(&mut self) -> Vec<Out> {
+        let mut v = Vec::new();
+        while let Some(t) = self.qp.poll_transmit(self.now, &mut self.buf, &self.mem) {
+            assert_eq!(t.dst, peer());
+            let bytes = t.assemble(&self.buf, &self.mem);
+            let p = Packet::new_checked(&bytes[..]).unwrap();
+            assert_eq!(p.bth().dest_qp().get(), PEER_QPN);
+            v.push(Out {
+                op: p.opcode().operation(),
+                psn: p.bth().psn().get(),
+                ack_req: p.bth().ack_req(),
+                syndrome: p.aeth().and_then(|a| AethSyndrome::from_byte(a.syndrome_raw()).ok()),
+                payload: p.payload().to_vec(),
+            });
+        }
+        v
+    }
+
+    /// Hands the QP a packet from `src`.
+    fn feed_from(&mut self, src: SocketAddr, r: &PacketRepr, payload: &[u8]) {
+        let mut b = vec![0u8; r.total_len()];
+        r.emit(&mut b, payload, &icrc::Encap::new(src, me()).unwrap()).unwrap();
+        let p = Packet::new_checked(&b[..]).unwrap();
+        self.qp.handle_packet(self.now, src, 0, &p, &mut self.mem, None);
+    }
+
+    fn feed(&mut self, r: &PacketRepr, payload: &[u8]) {
+        self.feed_from(peer(), r, payload);
+    }
+
+    /// An ACK (or NAK) from the peer for `psn`.
+    fn ack(&mut self, psn: u32, syndrome: AethSyndrome) {
+        let op = Opcode::from_parts(Transport::Rc, Operation::Acknowledge).unwrap();
+        let mut r = PacketRepr::new(BthRepr::new(op, Qpn::new(0x42), Psn::new(psn)), 0);
+        r.ext.aeth = Some(AethRepr { syndrome, msn: 0 });
+        self.feed(&r, &[]);
+    }
+
+    /// A request from the peer: `op` at `psn`, with a RETH for `va` when it has one.
+    fn request(&mut self, op: Operation, psn: u32, va: u64, payload: &[u8]) {
+        let opcode = Opcode::from_parts(Transport::Rc, op).unwrap();
+        let mut b = BthRepr::new(opcode, Qpn::new(0x42), Psn::new(psn));
+        b.ack_req = true;
+        let mut r = PacketRepr::new(b, payload.len());
+        if opcode.headers().contains(crate::wire::HeaderKind::Reth) {
+            r.ext.reth = Some(RethRepr { va, rkey: self.rkey, dma_len: payload.len() as u32 });
+        }
+        self.feed(&r, payload);
+    }
+
+    fn post(&mut self, wr_id: u64, op: SendOp, off: u64, len: u32) {
+        let wr = SendWr {
+            wr_id,
+            op,
+            sg_list: vec![Sge { addr: BASE + off, length: len, lkey: self.lkey }],
+            flags: SendFlags { signaled: true, ..SendFlags::default() },
+            ud: None,
+        };
+        self.qp.post_send(wr, &self.mem).unwrap();
+    }
+
+    fn sends(&mut self) -> Vec<WorkCompletion> {
+        std::iter::from_fn(|| self.qp.poll_send_completion()).collect()
+    }
+}
+
+fn ops(out: &[Out]) -> Vec<(Operation, u32)> {
+    out.iter().map(|o| (o.op, o.psn)).collect()
+}
+
+// --- Requester and completer ---
+
+#[test]
+fn a_send_is_cut_at_the_mtu_and_completes_on_the_ack_of_its_last_psn() {
+    let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Send, 0, 2500);
+    let out = t.out();
+    use Operation::*;
+    assert_eq!(ops(&out), vec![(SendFirst, SQ), (SendMiddle, SQ + 1), (SendLast, SQ + 2)]);
+    assert_eq!(out.iter().map(|o| o.payload.len()).collect::<Vec<_>>(), vec![1024, 1024, 452]);
+    assert!(out[2].ack_req, "the last packet asks for an ACK");
+    assert_eq!(out.iter().flat_map(|o| o.payload.clone()).collect::<Vec<_>>(), t.bytes()[..2500].to_vec());
+    // An ACK of the middle PSN completes nothing; the last one completes the SEND.
+    t.ack(SQ + 1, AethSyndrome::ACK);
+    assert!(t.sends().is_empty());
+    t.ack(SQ + 2, AethSyndrome::ACK);
+    let wc = t.sends();
+    assert_eq!(wc.len(), 1);
+    assert_eq!((wc[0].wr_id, wc[0].status, wc[0].opcode), (1, WcStatus::Success, WcOpcode::Send));
+    assert_eq!(t.qp.poll_timeout(), None, "no timer once everything is acknowledged");
+}
+
+#[test]
+fn responses_for_psns_not_outstanding_are_dropped() {
+    let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Send, 0, 100);
+    assert_eq!(t.out().len(), 1);
+    let dropped = t.qp.stats().dropped;
+    // Ahead of what was sent, and at or behind what was acknowledged already.
+    for psn in [SQ + 1, SQ + 1000, SQ - 1, SQ.wrapping_sub(5000)] {
+        t.ack(psn, AethSyndrome::Nak(NakCode::RemoteAccessError));
+    }
+    assert_eq!(t.qp.stats().dropped - dropped, 4);
+    assert!(t.sends().is_empty());
+    assert_eq!(t.qp.state(), QpState::Rts);
+    t.ack(SQ, AethSyndrome::ACK);
+    assert_eq!(t.sends()[0].status, WcStatus::Success);
+}
+
+#[test]
+fn a_sequence_nak_goes_back_to_its_psn_once() {
+    let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Send, 0, 3000);
+    assert_eq!(t.out().len(), 3);
+    t.ack(SQ + 1, AethSyndrome::Nak(NakCode::PsnSequenceError));
+    use Operation::*;
+    assert_eq!(ops(&t.out()), vec![(SendMiddle, SQ + 1), (SendLast, SQ + 2)], "resent from the NAK's PSN");
+    // The same NAK again (the peer saw the old packets arrive) does not go back twice.
+    t.ack(SQ + 1, AethSyndrome::Nak(NakCode::PsnSequenceError));
+    assert!(t.out().is_empty());
+    assert_eq!(t.qp.stats().seq_naks_received, 2);
+    t.ack(SQ + 2, AethSyndrome::ACK);
+    assert_eq!(t.sends()[0].status, WcStatus::Success);
+}
+
+#[test]
+fn an_rnr_nak_waits_its_timer_then_resends_and_runs_out() {
+    let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Send, 0, 10);
+    assert_eq!(t.out().len(), 1);
+    t.ack(SQ, AethSyndrome::RnrNak { timer: 14 });
+    assert!(t.out().is_empty(), "nothing before the RNR timer");
+    let wait = Duration::from_micros(u64::from(crate::wire::rnr_timer_us(14)));
+    assert_eq!(t.qp.poll_timeout(), Some(wait));
+    t.now = wait;
+    t.qp.handle_timeout(t.now);
+    assert_eq!(ops(&t.out()), vec![(Operation::SendOnly, SQ)]);
+    // rnr_retry is 1: the second RNR NAK fails the SEND.
+    t.ack(SQ, AethSyndrome::RnrNak { timer: 14 });
+    let wc = t.sends();
+    assert_eq!(wc[0].status, WcStatus::RnrRetryExcErr);
+    assert_eq!(t.qp.state(), QpState::Error);
+}
+
+#[test]
+fn a_fatal_nak_fails_its_wqe_and_flushes_the_rest() {
+    let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Send, 0, 10);
+    t.post(2, SendOp::Write { remote_addr: 0x99, rkey: Rkey(5) }, 0, 10);
+    t.post(3, SendOp::Send, 0, 10);
+    assert_eq!(t.out().len(), 3);
+    t.ack(SQ + 1, AethSyndrome::Nak(NakCode::RemoteAccessError));
+    let wc: Vec<_> = t.sends().iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(wc, vec![(1, WcStatus::Success), (2, WcStatus::RemAccessErr), (3, WcStatus::WrFlushErr)]);
+    assert_eq!(t.qp.state(), QpState::Error);
+    // In ERROR, new WRs complete flushed without going out.
+    t.post(4, SendOp::Send, 0, 10);
+    assert!(t.out().is_empty());
+    assert_eq!(t.sends()[0].status, WcStatus::WrFlushErr);
+}
+
+#[test]
+fn the_ack_timer_resends_and_gives_up_after_retry_cnt() {
+    let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Send, 0, 10);
+    assert_eq!(t.out().len(), 1);
+    // retry_cnt 2: RETRY_EXC_ERR at the third timeout. Between timeouts a tail-loss probe
+    // resends too, spending no retry. Every timer firing before the failure resends.
+    let mut resends = 0;
+    let status = loop {
+        let at = t.qp.poll_timeout().expect("a timer while the SEND is unacknowledged");
+        assert!(at > t.now, "timers move forward");
+        t.now = at;
+        t.qp.handle_timeout(t.now);
+        if let Some(wc) = t.qp.poll_send_completion() {
+            break wc.status;
+        }
+        assert_eq!(ops(&t.out()), vec![(Operation::SendOnly, SQ)], "a timer firing resends");
+        resends += 1;
+        assert!(resends < 20, "the retries never ran out");
+    };
+    assert_eq!(status, WcStatus::RetryExcErr);
+    assert_eq!(t.qp.stats().timeouts, 3, "retry_cnt + 1 timeouts");
+    assert!(resends >= 2, "{resends} resends");
+    assert_eq!(t.qp.state(), QpState::Error);
+}
+
+#[test]
+fn a_read_takes_its_responses_in_order_and_asks_again_for_a_gap() {
+    let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Read { remote_addr: 0x5000, rkey: Rkey(9) }, 0x8000, 3000);
+    let out = t.out();
+    assert_eq!(ops(&out), vec![(Operation::RdmaReadRequest, SQ)]);
+    // A READ of 3 MTUs uses PSNs SQ..SQ+2; the next request would start at SQ+3.
+    let resp = |t: &mut T, op: Operation, psn: u32, fill: u8, len: usize| {
+        let opcode = Opcode::from_parts(Transport::Rc, op).unwrap();
+        let mut r = PacketRepr::new(BthRepr::new(opcode, Qpn::new(0x42), Psn::new(psn)), len);
+        if opcode.headers().contains(crate::wire::HeaderKind::Aeth) {
+            r.ext.aeth = Some(AethRepr { syndrome: AethSyndrome::ACK, msn: 0 });
+        }
+        t.feed(&r, &vec![fill; len]);
+    };
+    resp(&mut t, Operation::RdmaReadResponseFirst, SQ, 0xA1, 1024);
+    // The middle response is lost: the last one shows a gap, and the READ is asked again
+    // from the missing PSN.
+    resp(&mut t, Operation::RdmaReadResponseLast, SQ + 2, 0xA3, 952);
+    let again = t.out();
+    assert_eq!(ops(&again), vec![(Operation::RdmaReadRequest, SQ + 1)]);
+    resp(&mut t, Operation::RdmaReadResponseFirst, SQ + 1, 0xA2, 1024);
+    resp(&mut t, Operation::RdmaReadResponseLast, SQ + 2, 0xA3, 952);
+    let wc = t.sends();
+    assert_eq!((wc[0].status, wc[0].byte_len), (WcStatus::Success, 3000));
+    let b = t.bytes();
+    assert!(b[0x8000..0x8400].iter().all(|&x| x == 0xA1));
+    assert!(b[0x8400..0x8800].iter().all(|&x| x == 0xA2));
+    assert!(b[0x8800..0x8000 + 3000].iter().all(|&x| x == 0xA3));
+    assert_eq!(b[0x8000 + 3000], ((0x8000 + 3000) * 7) as u8, "nothing past the READ's end");
+}
+
+#[test]
+fn the_read_limit_holds_the_second_read_and_the_fence_holds_the_write() {
+    let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Read { remote_addr: 0, rkey: Rkey(9) }, 0, 8);
+    t.post(2, SendOp::Read { remote_addr: 0, rkey: Rkey(9) }, 8, 8);
+    assert_eq!(ops(&t.out()), vec![(Operation::RdmaReadRequest, SQ)], "max_rd_atomic is 1");
+    let mut r = PacketRepr::new(
+        BthRepr::new(
+            Opcode::from_parts(Transport::Rc, Operation::RdmaReadResponseOnly).unwrap(),
+            Qpn::new(0x42),
+            Psn::new(SQ),
+        ),
+        8,
+    );
+    r.ext.aeth = Some(AethRepr { syndrome: AethSyndrome::ACK, msn: 0 });
+    t.feed(&r, &[1; 8]);
+    assert_eq!(ops(&t.out()), vec![(Operation::RdmaReadRequest, SQ + 1)]);
+}
+
+// --- Responder ---
+
+#[test]
+fn a_write_at_the_expected_psn_lands_and_is_acknowledged() {
+    let mut t = T::new(QpType::Rc);
+    t.request(Operation::RdmaWriteOnly, RQ, BASE + 100, &[0xEE; 40]);
+    let b = t.bytes();
+    assert!(b[100..140].iter().all(|&x| x == 0xEE));
+    assert_eq!(b[99], (99 * 7) as u8);
+    assert_eq!(b[140], (140 * 7) as u8);
+    let out = t.out();
+    assert_eq!(ops(&out), vec![(Operation::Acknowledge, RQ)]);
+    assert_eq!(out[0].syndrome, Some(AethSyndrome::ACK));
+}
+
+#[test]
+fn requests_ahead_get_one_sequence_nak_and_duplicates_a_re_ack() {
+    let mut t = T::new(QpType::Rc);
+    for k in 0..5 {
+        t.request(Operation::RdmaWriteOnly, RQ + 3 + k, BASE, &[0xE1; 8]);
+    }
+    let out = t.out();
+    assert_eq!(out.len(), 1, "one NAK per gap: {out:?}");
+    assert_eq!((out[0].psn, out[0].syndrome), (RQ, Some(AethSyndrome::Nak(NakCode::PsnSequenceError))));
+    assert_ne!(t.bytes()[0], 0xE1, "nothing executed");
+    t.request(Operation::RdmaWriteOnly, RQ, BASE, &[0xE2; 8]);
+    assert_eq!(t.bytes()[0], 0xE2);
+    // A duplicate of it with other bytes: re-ACKed, not executed.
+    t.out();
+    t.request(Operation::RdmaWriteOnly, RQ, BASE, &[0xE3; 8]);
+    assert_eq!(t.bytes()[0], 0xE2, "a duplicate is not executed");
+    let out = t.out();
+    assert_eq!(
+        (out[0].op, out[0].psn, out[0].syndrome),
+        (Operation::Acknowledge, RQ, Some(AethSyndrome::ACK))
+    );
+    assert_eq!(t.qp.stats().duplicates, 1);
+}
+
+#[test]
+fn a_send_without_a_receive_is_rnr_nakked_and_then_lands() {
+    let mut t = T::new(QpType::Rc);
+    t.request(Operation::SendOnly, RQ, 0, &[5; 16]);
+    let out = t.out();
+    assert_eq!(out[0].syndrome, Some(AethSyndrome::RnrNak { timer: 1 }));
+    assert_eq!(t.qp.stats().rnr_naks_sent, 1);
+    t.qp.post_recv(RecvWr { wr_id: 9, sg_list: vec![Sge { addr: BASE + 512, length: 64, lkey: t.lkey }] })
+        .unwrap();
+    t.request(Operation::SendOnly, RQ, 0, &[5; 16]);
+    let wc = t.qp.poll_recv_completion().unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (9, WcStatus::Success, 16));
+    assert!(t.bytes()[512..528].iter().all(|&x| x == 5));
+}
+
+#[test]
+fn a_bad_key_is_a_remote_access_nak_and_the_responder_fails() {
+    let mut t = T::new(QpType::Rc);
+    let opcode = Opcode::from_parts(Transport::Rc, Operation::RdmaWriteOnly).unwrap();
+    let mut r = PacketRepr::new(BthRepr::new(opcode, Qpn::new(0x42), Psn::new(RQ)), 8);
+    r.ext.reth = Some(RethRepr { va: BASE, rkey: Rkey(t.rkey.0 ^ 1), dma_len: 8 });
+    t.feed(&r, &[1; 8]);
+    let out = t.out();
+    assert_eq!(out[0].syndrome, Some(AethSyndrome::Nak(NakCode::RemoteAccessError)));
+    assert_eq!(t.qp.state(), QpState::Error);
+    assert_eq!(t.bytes()[0], 0, "nothing written");
+}
+
+#[test]
+fn the_peer_port_is_latched_from_its_first_valid_packet() {
+    let mut t = T::new(QpType::Rc);
+    let other: SocketAddr = "10.0.0.2:5000".parse().unwrap();
+    // Before the latch, a packet from another port with an unexpected PSN does not latch.
+    let opcode = Opcode::from_parts(Transport::Rc, Operation::RdmaWriteOnly).unwrap();
+    let mut r = PacketRepr::new(BthRepr::new(opcode, Qpn::new(0x42), Psn::new(RQ + 50)), 8);
+    r.ext.reth = Some(RethRepr { va: BASE, rkey: t.rkey, dma_len: 8 });
+    t.feed_from(other, &r, &[1; 8]);
+    assert_eq!(t.qp.stats().wrong_port, 0);
+    t.out();
+    // The expected PSN from the peer's port latches it; the same from another port is
+    // dropped from then on.
+    t.request(Operation::RdmaWriteOnly, RQ, BASE, &[2; 8]);
+    let mut r = PacketRepr::new(BthRepr::new(opcode, Qpn::new(0x42), Psn::new(RQ + 1)), 8);
+    r.ext.reth = Some(RethRepr { va: BASE, rkey: t.rkey, dma_len: 8 });
+    t.feed_from(other, &r, &[3; 8]);
+    assert_eq!(t.qp.stats().wrong_port, 1);
+    assert_eq!(t.bytes()[0], 2);
+    // A packet from another IP address is dropped before the port is looked at.
+    t.feed_from("10.0.0.9:4791".parse().unwrap(), &r, &[4; 8]);
+    assert_eq!(t.bytes()[0], 2);
+    assert_eq!(t.qp.stats().wrong_port, 1);
+    // A new remote (a reconnection) forgets the port: the other port may latch now.
+    t.qp.modify(&QpAttr { state: Some(QpState::Reset), ..QpAttr::default() }).unwrap();
+    for a in attrs(QpType::Rc) {
+        t.qp.modify(&a).unwrap();
+    }
+    let mut r = PacketRepr::new(BthRepr::new(opcode, Qpn::new(0x42), Psn::new(RQ)), 8);
+    r.ext.reth = Some(RethRepr { va: BASE, rkey: t.rkey, dma_len: 8 });
+    t.feed_from(other, &r, &[5; 8]);
+    assert_eq!(t.bytes()[0], 5);
+    assert_eq!(t.qp.stats().wrong_port, 1);
+}
+
+// --- State transitions ---
+
+#[test]
+fn state_transitions_follow_the_verbs_rules() {
+    let cfg = QpConfig {
+        qp_type: QpType::Rc,
+        pd: PdId(1),
+        local: me(),
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+        srq: None,
+    };
+    let mut qp = QueuePair::new(Qpn::new(0x43), cfg);
+    let [init, rtr, rts] = attrs(QpType::Rc);
+    // RESET cannot go straight to RTR or RTS; RTR needs its attributes.
+    assert!(qp.modify(&rts).is_err());
+    assert!(qp.modify(&rtr).is_err());
+    qp.modify(&init).unwrap();
+    assert!(
+        qp.modify(&QpAttr { state: Some(QpState::Rtr), ..QpAttr::default() }).is_err(),
+        "RTR without a path"
+    );
+    assert_eq!(qp.state(), QpState::Init);
+    // Receives may be posted in INIT; sends may not before RTS.
+    qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![] }).unwrap();
+    let mem = SimMemory::new(2);
+    let wr = SendWr { wr_id: 2, op: SendOp::Send, sg_list: vec![], flags: SendFlags::default(), ud: None };
+    assert!(matches!(qp.post_send(wr.clone(), &mem), Err(PostError::InvalidState(QpState::Init))));
+    qp.modify(&rtr).unwrap();
+    qp.modify(&rts).unwrap();
+    qp.post_send(wr, &mem).unwrap();
+    // To ERROR: everything queued is flushed, receives included.
+    qp.modify(&QpAttr { state: Some(QpState::Error), ..QpAttr::default() }).unwrap();
+    assert_eq!(qp.poll_send_completion().map(|w| w.status), Some(WcStatus::WrFlushErr));
+    assert_eq!(qp.poll_recv_completion().map(|w| (w.wr_id, w.status)), Some((1, WcStatus::WrFlushErr)));
+    // ERROR goes only to RESET.
+    assert!(qp.modify(&QpAttr { state: Some(QpState::Rts), ..QpAttr::default() }).is_err());
+    qp.modify(&QpAttr { state: Some(QpState::Reset), ..QpAttr::default() }).unwrap();
+    assert_eq!(qp.state(), QpState::Reset);
+}
+
+#[test]
+fn packets_before_rtr_or_of_another_transport_are_dropped() {
+    let cfg = QpConfig {
+        qp_type: QpType::Rc,
+        pd: PdId(1),
+        local: me(),
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+        srq: None,
+    };
+    let mut qp = QueuePair::new(Qpn::new(0x44), cfg);
+    let [init, ..] = attrs(QpType::Rc);
+    qp.modify(&init).unwrap();
+    let mut mem = SimMemory::new(3);
+    let opcode = Opcode::from_parts(Transport::Rc, Operation::SendOnly).unwrap();
+    let r = PacketRepr::new(BthRepr::new(opcode, Qpn::new(0x44), Psn::new(RQ)), 4);
+    let mut b = vec![0u8; r.total_len()];
+    r.emit(&mut b, &[1; 4], &icrc::Encap::new(peer(), me()).unwrap()).unwrap();
+    qp.handle_packet(Duration::ZERO, peer(), 0, &Packet::new_checked(&b[..]).unwrap(), &mut mem, None);
+    assert_eq!(qp.stats().dropped, 1, "INIT takes no packets");
+    let mut t = T::new(QpType::Rc);
+    let uc = Opcode::from_parts(Transport::Uc, Operation::SendOnly).unwrap();
+    let r = PacketRepr::new(BthRepr::new(uc, Qpn::new(0x42), Psn::new(RQ)), 4);
+    t.feed(&r, &[1; 4]);
+    assert_eq!(t.qp.stats().dropped, 1, "an RC QP drops UC packets");
+    assert!(t.out().is_empty());
+}
