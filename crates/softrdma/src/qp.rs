@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use softrdma_proto::memory::Access;
 use softrdma_proto::qp::{
-    Mtu, QpAttr, QpAttrMask, QpCaps, QpConfig, QpState, QpStats, QpType, RecvWr, SendWr, SrqId,
+    ModifyError, Mtu, QpAttr, QpAttrMask, QpCaps, QpConfig, QpState, QpStats, QpType, RecvWr, SendWr, SrqId,
 };
 use softrdma_proto::{Psn, Qkey, Qpn};
 
@@ -313,7 +313,7 @@ impl PreparedQp {
         let dest_qpn = Qpn::try_new(remote.qpn).ok_or(Error::InvalidArgument("remote QPN above 24 bits"))?;
         let rq_psn = Psn::try_new(remote.psn).ok_or(Error::InvalidArgument("remote PSN above 24 bits"))?;
         if opts.rd_atomic > MAX_QP_RD_ATOM {
-            return Err(Error::Limit("max_qp_rd_atom"));
+            return Err(ModifyError::OutOfRange("max_rd_atomic").into());
         }
         let peer = crate::sys::canonical(remote.addr);
         if peer.is_ipv4() != self.qp.ctx.engine.local().is_ipv4() {
@@ -430,8 +430,11 @@ impl QueuePair {
         }
         // The device advertises max_qp_rd_atom and max_qp_init_rd_atom; more is refused,
         // as a NIC refuses it.
-        if attr.max_rd_atomic.max(attr.max_dest_rd_atomic).is_some_and(|n| n > MAX_QP_RD_ATOM) {
-            return Err(Error::Limit("max_qp_rd_atom"));
+        if attr.max_rd_atomic.is_some_and(|n| n > MAX_QP_RD_ATOM) {
+            return Err(ModifyError::OutOfRange("max_rd_atomic").into());
+        }
+        if attr.max_dest_rd_atomic.is_some_and(|n| n > MAX_QP_RD_ATOM) {
+            return Err(ModifyError::OutOfRange("max_dest_rd_atomic").into());
         }
         self.ctx.engine.modify_qp(self.qpn, &attr, |_| {})
     }

@@ -154,7 +154,8 @@ fn every_limit_admits_its_maximum_and_refuses_one_more() {
     let with = |rd_atomic| ConnectOptions { rd_atomic, ..ConnectOptions::default() };
     pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap().handshake(&peer, &with(MAX_QP_RD_ATOM)).unwrap();
     let e = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap().handshake(&peer, &with(MAX_QP_RD_ATOM + 1));
-    assert!(matches!(e, Err(Error::Limit("max_qp_rd_atom"))), "{:?}", e.map(|_| ()));
+    let range = softrdma::proto::qp::ModifyError::OutOfRange("max_rd_atomic");
+    assert!(matches!(e, Err(Error::Modify(m)) if m == range), "{:?}", e.map(|_| ()));
     drop((p, mr));
 
     // Memory regions: exactly MAX_MR of them, whatever their size.
