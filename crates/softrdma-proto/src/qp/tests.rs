@@ -517,3 +517,53 @@ fn packets_before_rtr_or_of_another_transport_are_dropped() {
     assert_eq!(t.qp.stats().dropped, 1, "an RC QP drops UC packets");
     assert!(t.out().is_empty());
 }
+
+#[test]
+fn malformed_responses_fail_the_wqe_with_bad_response() {
+    // A READ answered by a response of the wrong size, by a NAK in a READ response's
+    // place, and an ACK with a reserved syndrome: BAD_RESP_ERR, and an invalid-RD NAK maps
+    // to REM_INV_RD_REQ_ERR.
+    fn read_resp(t: &mut T, op: Operation, len: usize, syndrome: AethSyndrome) {
+        let opcode = Opcode::from_parts(Transport::Rc, op).unwrap();
+        let mut r = PacketRepr::new(BthRepr::new(opcode, Qpn::new(0x42), Psn::new(SQ)), len);
+        if opcode.headers().contains(crate::wire::HeaderKind::Aeth) {
+            r.ext.aeth = Some(AethRepr { syndrome, msn: 0 });
+        }
+        t.feed(&r, &vec![7; len]);
+    }
+    let nak = AethSyndrome::Nak(NakCode::RemoteAccessError);
+    let cases = [
+        ("short ONLY", Operation::RdmaReadResponseOnly, 10, AethSyndrome::ACK),
+        ("FIRST for a one-packet READ", Operation::RdmaReadResponseFirst, 1024, AethSyndrome::ACK),
+        ("a NAK in a READ response", Operation::RdmaReadResponseOnly, 0, nak),
+    ];
+    for (what, op, len, syndrome) in cases {
+        let mut t = T::new(QpType::Rc);
+        t.post(1, SendOp::Read { remote_addr: 0, rkey: Rkey(9) }, 0x100, 100);
+        assert_eq!(t.out().len(), 1);
+        read_resp(&mut t, op, len, syndrome);
+        let wc = t.sends();
+        assert_eq!(wc.first().map(|w| w.status), Some(WcStatus::BadRespErr), "{what}");
+        assert!(t.bytes()[0x100..0x100 + 100].iter().enumerate().all(|(i, &b)| b == ((0x100 + i) * 7) as u8));
+    }
+    let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Send, 0, 10);
+    t.out();
+    t.ack(SQ, AethSyndrome::Nak(NakCode::InvalidRdRequest));
+    assert_eq!(t.sends()[0].status, WcStatus::RemInvRdReqErr);
+}
+
+#[test]
+fn an_atomic_ack_for_something_else_is_dropped() {
+    let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Send, 0, 10);
+    t.out();
+    let opcode = Opcode::from_parts(Transport::Rc, Operation::AtomicAcknowledge).unwrap();
+    let mut r = PacketRepr::new(BthRepr::new(opcode, Qpn::new(0x42), Psn::new(SQ)), 0);
+    r.ext.aeth = Some(AethRepr { syndrome: AethSyndrome::ACK, msn: 0 });
+    r.ext.atomic_ack_eth = Some(crate::wire::AtomicAckEthRepr { orig: 5 });
+    let dropped = t.qp.stats().dropped;
+    t.feed(&r, &[]);
+    assert_eq!(t.qp.stats().dropped, dropped + 1);
+    assert_eq!(t.qp.state(), QpState::Rts);
+}
