@@ -249,16 +249,7 @@ fn event_mode_wakes_on_the_completion_channel() {
     // Disarmed after one event: a second completion brings no event without another
     // req_notify; after one, a third does. The sender's completion proves the receive
     // completed (the ACK leaves after it), without polling it (which would hide an event).
-    let send = |id| {
-        qa.post_send(SendWr {
-            wr_id: id,
-            op: SendOp::Send,
-            sg_list: vec![mra.sge(0, 8).unwrap()],
-            flags: signaled(),
-            ud: None,
-        })
-        .unwrap()
-    };
+    let send = |id| send8(&qa, &mra, id);
     for id in [3, 4] {
         qb_recv(&_qb, &mrb, id);
     }
@@ -273,6 +264,12 @@ fn event_mode_wakes_on_the_completion_channel() {
     assert_eq!(cq.id(), cqb.id());
     ch.ack_events(1);
     assert_eq!(cqb.poll_one().map(|w| w.wr_id), Some(4));
+}
+
+/// A signaled 8-byte SEND from the start of `mr`.
+fn send8(qp: &softrdma::QueuePair, mr: &softrdma::MemoryRegion, id: u64) {
+    let sg_list = vec![mr.sge(0, 8).unwrap()];
+    qp.post_send(SendWr { wr_id: id, op: SendOp::Send, sg_list, flags: signaled(), ud: None }).unwrap();
 }
 
 fn qb_recv(qp: &softrdma::QueuePair, mr: &softrdma::MemoryRegion, id: u64) {
@@ -296,16 +293,7 @@ fn an_event_whose_completions_were_polled_is_skipped_and_the_cq_stays_armed() {
     let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
     let _qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
     let mra = pa.register(8, Access::NONE).unwrap();
-    let send = |id| {
-        qa.post_send(SendWr {
-            wr_id: id,
-            op: SendOp::Send,
-            sg_list: vec![mra.sge(0, 8).unwrap()],
-            flags: signaled(),
-            ud: None,
-        })
-        .unwrap()
-    };
+    let send = |id| send8(&qa, &mra, id);
     // Arm, then poll the completion that fires the event before reading the event.
     cqb.req_notify(false).unwrap();
     send(10);
