@@ -274,7 +274,10 @@ fn the_bw_report_carries_perftests_fields() {
         }
         // Both sides print the client's numbers, as sent.
         let (peak, avg, rate) = (f64::from_bits(mine[2]), f64::from_bits(mine[3]), f64::from_bits(mine[4]));
-        let want = format!(" {:<10} {:<10}       {:<10.2}         {:<10.2}        {:.6}", size, 100, peak, avg, rate);
+        let want = format!(
+            " {:<10} {:<10}       {:<10.2}         {:<10.2}        {:.6}",
+            size, 100, peak, avg, rate
+        );
         for (side, o) in [("client", &client), ("server", &server)] {
             let out = String::from_utf8_lossy(&o.stdout);
             assert!(out.lines().any(|l| l == want), "{test} {side}: want {want:?} in\n{out}");
@@ -328,7 +331,9 @@ fn local_fails_at_once_with_the_servers_own_error() {
             .env("SOFTRDMA_PORT", (base + 1).to_string()),
         Duration::from_secs(10),
     );
-    let out = child.end().unwrap_or_else(|e| panic!("perf --local still waiting 10 s after its server failed: {e}"));
+    let out = child
+        .end()
+        .unwrap_or_else(|e| panic!("perf --local still waiting 10 s after its server failed: {e}"));
     drop(taken);
     let (status, err) = (out.status, String::from_utf8_lossy(&out.stderr));
     assert_eq!(status.code(), Some(1), "{err}");

@@ -82,8 +82,10 @@ fn pingpong_ud_event_mode() {
 #[test]
 fn one_sided_operations_against_a_passive_process() {
     let size = 1 << 20;
-    let mut server =
-        Proc::start_piped(&mut softrdma(["memserver", "--bind", "127.0.2.2", "--size", &size.to_string()]), LIMIT);
+    let mut server = Proc::start_piped(
+        &mut softrdma(["memserver", "--bind", "127.0.2.2", "--size", &size.to_string()]),
+        LIMIT,
+    );
     let line = server.line();
     let theirs: EndpointInfo = serde_json::from_str(line.trim()).unwrap();
     let region = theirs.region.expect("memserver offers its region");

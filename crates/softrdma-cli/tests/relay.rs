@@ -17,7 +17,9 @@ fn rc_pingpong_through_an_impaired_relay() {
     let (a_side, b_side) = (format!("127.0.8.1:{}", port(0)), format!("127.0.8.2:{}", port(1)));
     let (peer_a, peer_b) = (format!("127.0.8.3:{}", port(2)), format!("127.0.8.4:{}", port(3)));
     let relay = Proc::start(
-        softrdma(["relay", "--a-side", &a_side, "--b-side", &b_side, "--peer-a", &peer_a, "--peer-b", &peer_b])
+        softrdma([
+            "relay", "--a-side", &a_side, "--b-side", &b_side, "--peer-a", &peer_a, "--peer-b", &peer_b,
+        ])
         .args([
             "--loss",
             "5",
@@ -37,8 +39,10 @@ fn rc_pingpong_through_an_impaired_relay() {
     std::thread::sleep(Duration::from_millis(200));
     let tcp = (base + 2_000).to_string();
     let common = ["pingpong", "-n", "200", "-s", "10000", "-p", &tcp];
-    let server =
-        Proc::start(softrdma(common).args(["--bind", "127.0.8.3", "--udp-port", &port(2), "--via", &a_side]), LIMIT);
+    let server = Proc::start(
+        softrdma(common).args(["--bind", "127.0.8.3", "--udp-port", &port(2), "--via", &a_side]),
+        LIMIT,
+    );
     let client = output(
         softrdma(common)
             // The server's exchange listens on its --bind address only.

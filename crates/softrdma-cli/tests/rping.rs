@@ -40,8 +40,10 @@ fn a_hundred_pings_between_two_processes() {
     let port = roce_port(0);
     let server = spawn(rping(&port, &["-s", "-a", "127.0.9.2", "-C", "100", "-v", "-p", "7201"]));
     std::thread::sleep(Duration::from_millis(300));
-    let client =
-        run(rping(&port, &["-c", "-a", "127.0.9.2", "-I", "127.0.9.3", "-C", "100", "-v", "-V", "-p", "7201"]));
+    let client = run(rping(
+        &port,
+        &["-c", "-a", "127.0.9.2", "-I", "127.0.9.3", "-C", "100", "-v", "-V", "-p", "7201"],
+    ));
     let server = server.wait();
     assert!(client.status.success(), "client: {}", text(&client));
     assert!(server.status.success(), "server: {}", text(&server));
@@ -71,8 +73,10 @@ fn pings_through_a_relay_that_loses_duplicates_and_reorders() {
     let server = spawn(rping(&port, &["-s", "-a", "127.0.9.7", "-C", "100", "-v", "-p", "7202"]));
     std::thread::sleep(Duration::from_millis(300));
     // The client's peer is the relay's side facing it; the CM messages cross the relay too.
-    let client =
-        run(rping(&port, &["-c", "-a", "127.0.9.4", "-I", "127.0.9.6", "-C", "100", "-v", "-V", "-p", "7202"]));
+    let client = run(rping(
+        &port,
+        &["-c", "-a", "127.0.9.4", "-I", "127.0.9.6", "-C", "100", "-v", "-V", "-p", "7202"],
+    ));
     let server = server.wait();
     // The relay prints its counters on SIGTERM.
     relay.signal(libc::SIGTERM);

@@ -81,8 +81,10 @@ fn devinfo_verbose_has_limits_and_gids() {
     let gids = out.lines().filter(|l| l.contains("GID[")).count();
     assert!(gids >= 1);
     assert_eq!(field(&out, "gid_tbl_len"), gids.to_string());
-    let more =
-        output(softrdma(["devinfo", "-d", "srdma_lo", "-v"]).env("SOFTRDMA_GIDS", "127.0.0.2,127.0.0.3"), LIMIT);
+    let more = output(
+        softrdma(["devinfo", "-d", "srdma_lo", "-v"]).env("SOFTRDMA_GIDS", "127.0.0.2,127.0.0.3"),
+        LIMIT,
+    );
     let more = String::from_utf8_lossy(&more.stdout);
     assert_eq!(field(&more, "gid_tbl_len"), (gids + 2).to_string(), "{more}");
     assert!(more.contains(&format!("\t\t\tGID[{:3}]:\t\t::ffff:127.0.0.3, RoCE v2\n", gids + 1)), "{more}");

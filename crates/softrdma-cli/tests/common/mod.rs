@@ -128,6 +128,11 @@ impl Proc {
         }
     }
 
+    /// Its process id, which is also its process group's.
+    pub fn id(&self) -> u32 {
+        self.pid as u32
+    }
+
     /// The pipe to its stdin (started with [`Proc::start_piped`]).
     pub fn stdin(&mut self) -> &mut ChildStdin {
         self.stdin.as_mut().expect("stdin not piped, or closed")
@@ -309,6 +314,22 @@ where
     let mut c = Command::new(BIN);
     c.args(args);
     c
+}
+
+/// The live processes (zombies are not) in process group `pgid`, from /proc.
+pub fn group_members(pgid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| {
+        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let mut f = rest.split_whitespace();
+        let state = f.next()?;
+        let pgrp: u32 = f.nth(1)?.parse().ok()?;
+        (pgrp == pgid && state != "Z").then_some(pid)
+    })
+    .collect()
 }
 
 /// stdout then stderr, as text.
