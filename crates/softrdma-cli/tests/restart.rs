@@ -25,7 +25,7 @@ struct Server {
 /// A memserver on `port`, once it has bound it (it prints its endpoint then).
 fn start(port: u16) -> Server {
     let mut proc = Proc::start_piped(
-        &mut softrdma(["memserver", "--bind", "127.0.10.2", "--udp-port", &port.to_string()])
+        softrdma(["memserver", "--bind", "127.0.10.2", "--udp-port", &port.to_string()])
             .args(["--size", &SIZE.to_string()]),
         Duration::from_secs(60),
     );
