@@ -9,9 +9,17 @@
 //! `n` and the seed, so each side can check what it sees: the passive side checks every
 //! SEND and every WRITE_WITH_IMM when its receive completes (the immediate carries `n`);
 //! the active side checks READ data against the passive side's known pattern and every
-//! atomic's fetched value against its model of the counter, which only it changes. At the
-//! end the passive side reports, and the last line sums both: `ops=N data-errors=E
-//! status-errors=S ...`; any error exits 1.
+//! atomic's fetched value against its model of the counter, which only it changes. Both
+//! sides check completions come exactly once and in order (the passive side: that the
+//! messages arriving are, in order, the SENDs and WRITE_WITH_IMMs the active side posted;
+//! the active side: that each completion is that of the oldest operation in flight). At the
+//! end the active side READs the counter and compares it with its model, and compares the
+//! number of messages the passive side received with the number it completed. The passive
+//! side reports, and the last line sums both: `ops=N data-errors=E status-errors=S ...`;
+//! any error exits 1.
+//!
+//! Tests prove each check fires with [`FAULT_VAR`], a switch that makes soak itself
+//! misbehave once as a transport bug would.
 
 use std::collections::VecDeque;
 use std::io::BufReader;
@@ -75,6 +83,84 @@ const ACTIVE_IP: [u8; 4] = [127, 0, 9, 3];
 const RELAY_A: [u8; 4] = [127, 0, 9, 4];
 const RELAY_B: [u8; 4] = [127, 0, 9, 5];
 
+/// TEST-ONLY fault switch: `SOFTRDMA_SOAK_FAULT=<fault>` (one of [`Fault::NAMES`]) makes
+/// soak misbehave once, at the first operation from [`FAULT_FROM`] on that the fault fits,
+/// as a transport bug would: so that tests/soak.rs can show each of soak's checks reports
+/// it. Nothing else sets it; unset, soak runs unchanged. Both sides read it (the passive
+/// side inherits the environment) and each injects only its own faults.
+const FAULT_VAR: &str = "SOFTRDMA_SOAK_FAULT";
+/// The first operation a fault may hit: past the start, with operations before and after.
+const FAULT_FROM: u64 = 16;
+
+/// A misbehaviour injected by [`FAULT_VAR`], for tests only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Passive: one byte of one received SEND flipped before the check.
+    CorruptSend,
+    /// Passive: one byte of one WRITE_WITH_IMM's data flipped before the check.
+    CorruptWrite,
+    /// Passive: one receive completion ignored (its receive posted again).
+    LoseRecv,
+    /// Passive: one receive completion handled twice.
+    DupRecv,
+    /// Active: one byte of one READ's data flipped before the check.
+    CorruptRead,
+    /// Active: one atomic's fetched value seen off by one.
+    WrongFetch,
+    /// Active: one FetchAdd applied twice to the model of the counter.
+    FetchAddTwice,
+    /// Active: one completion ignored.
+    LoseCompletion,
+    /// Active: one completion handled twice.
+    DupCompletion,
+}
+
+impl Fault {
+    const NAMES: [(&'static str, Fault); 9] = [
+        ("corrupt-send", Fault::CorruptSend),
+        ("corrupt-write", Fault::CorruptWrite),
+        ("lose-recv", Fault::LoseRecv),
+        ("dup-recv", Fault::DupRecv),
+        ("corrupt-read", Fault::CorruptRead),
+        ("wrong-fetch", Fault::WrongFetch),
+        ("fetch-add-twice", Fault::FetchAddTwice),
+        ("lose-completion", Fault::LoseCompletion),
+        ("dup-completion", Fault::DupCompletion),
+    ];
+
+    /// The fault [`FAULT_VAR`] asks for, if any.
+    fn from_env() -> Result<Option<Fault>, String> {
+        let Some(v) = std::env::var_os(FAULT_VAR) else { return Ok(None) };
+        let v = v.to_string_lossy();
+        Self::NAMES.iter().find(|(name, _)| *name == v).map(|&(_, f)| Some(f)).ok_or_else(|| {
+            let names: Vec<&str> = Self::NAMES.iter().map(|(n, _)| *n).collect();
+            format!("{FAULT_VAR}={v}: not a fault (test-only; one of {})", names.join(", "))
+        })
+    }
+}
+
+/// The fault asked for, injected once.
+struct Faults {
+    kind: Option<Fault>,
+    fired: bool,
+}
+
+impl Faults {
+    fn new() -> Faults {
+        Faults { kind: Fault::from_env().ok().flatten(), fired: false }
+    }
+
+    /// Whether to inject `kind` now, at operation `n` (once: true at most one time).
+    fn fire(&mut self, kind: Fault, n: u64) -> bool {
+        if self.fired || self.kind != Some(kind) || n < FAULT_FROM {
+            return false;
+        }
+        self.fired = true;
+        eprintln!("soak: test fault {kind:?} injected at operation {n}");
+        true
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Send,
@@ -128,6 +214,7 @@ fn check(args: &SoakArgs) -> Result<(), String> {
     if !matches!(args.role.as_deref(), None | Some("passive")) {
         return Err("--role takes only \"passive\" (the side soak starts itself)".into());
     }
+    Fault::from_env()?;
     if !(1..=MAX_DEPTH).contains(&args.depth) {
         return Err(format!(
             "--depth {}: takes 1 to {MAX_DEPTH} operations in flight (the passive side has {SLOTS} write slots)",
@@ -213,8 +300,20 @@ fn passive(args: &SoakArgs) -> Result<bool, String> {
     });
     let (mut received, mut data_errors, mut status_errors) = (0u64, 0u64, 0u64);
     let area = Area { mr, slot };
-    while !done.load(Ordering::Relaxed) {
+    let mut faults = Faults::new();
+    // The operation from which to look for the next SEND or WRITE_WITH_IMM: they arrive in
+    // the order posted, each once. (`n` is the immediate, so this holds for the first 2^32
+    // operations.)
+    let mut next = 0u64;
+    loop {
+        // Once stdin closes, what is in the CQ still counts: the active side has seen every
+        // operation complete, and READ the counter after, so every receive completion is
+        // there.
+        let finished = done.load(Ordering::Relaxed);
         let Some(wc) = cq.poll_one() else {
+            if finished {
+                break;
+            }
             std::thread::yield_now();
             continue;
         };
@@ -224,28 +323,51 @@ fn passive(args: &SoakArgs) -> Result<bool, String> {
             continue;
         }
         let n = u64::from(wc.imm_data.unwrap_or(0));
-        let (kind, size) = plan(args.seed, n, args.max_size);
-        let got = match wc.opcode {
-            WcOpcode::Recv => {
-                let mut v = vec![0u8; wc.byte_len as usize];
-                recv.read(wc.wr_id as usize * slot, &mut v).map_err(|e| e.to_string())?;
-                (kind == Kind::Send).then_some(v)
-            }
-            WcOpcode::RecvRdmaWithImm => {
-                let mut v = vec![0u8; wc.byte_len as usize];
-                area.mr.read((n % SLOTS) as usize * area.slot, &mut v).map_err(|e| e.to_string())?;
-                (kind == Kind::Write).then_some(v)
-            }
-            _ => None,
+        let times = if faults.fire(Fault::LoseRecv, n) {
+            0
+        } else if faults.fire(Fault::DupRecv, n) {
+            2
+        } else {
+            1
         };
-        match got {
-            Some(v) if v.len() == size && v.iter().enumerate().all(|(k, &b)| b == byte(n, k)) => {}
-            _ => {
-                data_errors += 1;
-                eprintln!("passive: operation {n} ({kind:?}, {size} bytes) arrived wrong");
+        for _ in 0..times {
+            let want = (next..)
+                .find(|&m| matches!(plan(args.seed, m, args.max_size).0, Kind::Send | Kind::Write))
+                .unwrap_or(next);
+            if n != want {
+                status_errors += 1;
+                eprintln!("passive: operation {n} arrived where operation {want} was next");
             }
+            next = n + 1;
+            let (kind, size) = plan(args.seed, n, args.max_size);
+            let got = match wc.opcode {
+                WcOpcode::Recv => {
+                    let mut v = vec![0u8; wc.byte_len as usize];
+                    recv.read(wc.wr_id as usize * slot, &mut v).map_err(|e| e.to_string())?;
+                    if !v.is_empty() && faults.fire(Fault::CorruptSend, n) {
+                        v[0] ^= 1;
+                    }
+                    (kind == Kind::Send).then_some(v)
+                }
+                WcOpcode::RecvRdmaWithImm => {
+                    let mut v = vec![0u8; wc.byte_len as usize];
+                    area.mr.read((n % SLOTS) as usize * area.slot, &mut v).map_err(|e| e.to_string())?;
+                    if !v.is_empty() && faults.fire(Fault::CorruptWrite, n) {
+                        v[0] ^= 1;
+                    }
+                    (kind == Kind::Write).then_some(v)
+                }
+                _ => None,
+            };
+            match got {
+                Some(v) if v.len() == size && v.iter().enumerate().all(|(k, &b)| b == byte(n, k)) => {}
+                _ => {
+                    data_errors += 1;
+                    eprintln!("passive: operation {n} ({kind:?}, {size} bytes) arrived wrong");
+                }
+            }
+            received += 1;
         }
-        received += 1;
         let sge = recv.sge(wc.wr_id as usize * slot, slot).map_err(|e| e.to_string())?;
         if wc.opcode == WcOpcode::Recv || wc.opcode == WcOpcode::RecvRdmaWithImm {
             qp.post_recv(RecvWr { wr_id: wc.wr_id, sg_list: vec![sge] }).map_err(|e| e.to_string())?;
@@ -328,9 +450,15 @@ fn active(args: &SoakArgs) -> Result<bool, String> {
     let _ = child.wait();
     stop.store(true, Ordering::Relaxed);
     let relay_stats = relay_thread.join().map_err(|_| "relay thread failed")?;
-    let (ops, mut data_errors, mut status_errors) = r?;
+    let Driven { ops, delivered, mut data_errors, mut status_errors } = r?;
     data_errors += report["data_errors"].as_u64().unwrap_or(1);
     status_errors += report["status_errors"].as_u64().unwrap_or(1);
+    // Every SEND and WRITE_WITH_IMM completed here arrived there, once.
+    let received = report["received"].as_u64();
+    if received != Some(delivered) {
+        status_errors += 1;
+        eprintln!("active: {delivered} messages completed, the passive side received {received:?}");
+    }
     let q = qp.stats();
     println!(
         "relay: received={} repatched={} {}",
@@ -348,8 +476,17 @@ fn active(args: &SoakArgs) -> Result<bool, String> {
     Ok(data_errors + status_errors == 0)
 }
 
-/// Keeps `depth` operations in flight until the time is up; returns (completed,
-/// data errors, status errors).
+/// What [`drive`] saw.
+struct Driven {
+    /// Operations completed.
+    ops: u64,
+    /// SENDs and WRITE_WITH_IMMs completed successfully: messages the passive side received.
+    delivered: u64,
+    data_errors: u64,
+    status_errors: u64,
+}
+
+/// Keeps `depth` operations in flight until the time is up, then READs the counter.
 fn drive(
     args: &SoakArgs,
     qp: &QueuePair,
@@ -358,7 +495,7 @@ fn drive(
     region: RemoteRegion,
     slot: usize,
     start: Instant,
-) -> Result<(u64, u64, u64), String> {
+) -> Result<Driven, String> {
     let rkey = Rkey(region.rkey);
     let read_base = region.addr + slot as u64 * SLOTS;
     let counter = read_base + READ_AREA as u64;
@@ -366,6 +503,8 @@ fn drive(
     let mut inflight: VecDeque<InFlight> = VecDeque::new();
     let mut free: Vec<usize> = (0..args.depth).rev().collect();
     let (mut next, mut done, mut data_errors, mut status_errors) = (0u64, 0u64, 0u64, 0u64);
+    let mut delivered = 0u64;
+    let mut faults = Faults::new();
     let mut last_progress = Instant::now();
     loop {
         let running = start.elapsed() < args.duration;
@@ -387,6 +526,9 @@ fn drive(
                 }
                 Kind::FetchAdd => {
                     model = model.wrapping_add(n);
+                    if faults.fire(Fault::FetchAddTwice, n) {
+                        model = model.wrapping_add(n);
+                    }
                     SendOp::FetchAdd { remote_addr: counter, rkey, add: n }
                 }
                 Kind::CompareSwap => {
@@ -413,7 +555,8 @@ fn drive(
             inflight.push_back(InFlight { n, kind, size, local, before });
         }
         if !running && inflight.is_empty() {
-            return Ok((done, data_errors, status_errors));
+            status_errors += check_counter(qp, cq, mr, rkey, counter, model, &mut data_errors)?;
+            return Ok(Driven { ops: done, delivered, data_errors, status_errors });
         }
         let Some(wc) = cq.poll_one() else {
             if last_progress.elapsed() > Duration::from_secs(60) {
@@ -422,34 +565,112 @@ fn drive(
             continue;
         };
         last_progress = Instant::now();
-        let op = inflight.pop_front().ok_or("completion with nothing in flight")?;
-        if wc.wr_id != op.n || wc.status != WcStatus::Success {
-            status_errors += 1;
-            eprintln!("active: operation {} ({:?}): completion {} {:?}", op.n, op.kind, wc.wr_id, wc.status);
+        let times = if faults.fire(Fault::LoseCompletion, wc.wr_id) {
+            0
+        } else if faults.fire(Fault::DupCompletion, wc.wr_id) {
+            2
         } else {
-            let ok = match op.kind {
-                Kind::Read => {
-                    let off = read_offset(op.n, op.size);
-                    let mut v = vec![0u8; op.size];
-                    mr.read(op.local, &mut v).map_err(|e| e.to_string())?;
-                    v.iter().enumerate().all(|(k, &b)| b == read_byte(off + k))
-                }
-                Kind::FetchAdd | Kind::CompareSwap => {
-                    let mut v = [0u8; 8];
-                    mr.read(op.local, &mut v).map_err(|e| e.to_string())?;
-                    u64::from_ne_bytes(v) == op.before
-                }
-                _ => true,
+            1
+        };
+        for _ in 0..times {
+            // RC completes a QP's work requests once each, in the order posted: this must be
+            // the oldest in flight.
+            let Some(at) = inflight.iter().position(|op| op.n == wc.wr_id) else {
+                status_errors += 1;
+                eprintln!("active: completion {} {:?} of no operation in flight", wc.wr_id, wc.status);
+                continue;
             };
-            if !ok {
-                data_errors += 1;
-                eprintln!(
-                    "active: operation {} ({:?}, {} bytes) returned wrong data",
-                    op.n, op.kind, op.size
-                );
+            for op in inflight.drain(..at) {
+                status_errors += 1;
+                eprintln!("active: operation {} ({:?}) has no completion, a later one has", op.n, op.kind);
+                free.push(op.local / slot);
             }
+            let op = inflight.pop_front().ok_or("completion with nothing in flight")?;
+            if wc.status != WcStatus::Success {
+                status_errors += 1;
+                eprintln!("active: operation {} ({:?}): completion {:?}", op.n, op.kind, wc.status);
+            } else {
+                let ok = match op.kind {
+                    Kind::Read => {
+                        let off = read_offset(op.n, op.size);
+                        let mut v = vec![0u8; op.size];
+                        mr.read(op.local, &mut v).map_err(|e| e.to_string())?;
+                        if !v.is_empty() && faults.fire(Fault::CorruptRead, op.n) {
+                            v[0] ^= 1;
+                        }
+                        v.iter().enumerate().all(|(k, &b)| b == read_byte(off + k))
+                    }
+                    Kind::FetchAdd | Kind::CompareSwap => {
+                        let mut v = [0u8; 8];
+                        mr.read(op.local, &mut v).map_err(|e| e.to_string())?;
+                        let mut fetched = u64::from_ne_bytes(v);
+                        if faults.fire(Fault::WrongFetch, op.n) {
+                            fetched ^= 1;
+                        }
+                        fetched == op.before
+                    }
+                    Kind::Send | Kind::Write => {
+                        delivered += 1;
+                        true
+                    }
+                };
+                if !ok {
+                    data_errors += 1;
+                    eprintln!(
+                        "active: operation {} ({:?}, {} bytes) returned wrong data",
+                        op.n, op.kind, op.size
+                    );
+                }
+            }
+            done += 1;
+            free.push(op.local / slot);
         }
-        done += 1;
-        free.push(op.local / slot);
     }
+}
+
+/// READs the counter once nothing is in flight and compares it with the model: a FetchAdd
+/// or CompareSwap applied twice, or never, shows here even when no atomic follows it.
+/// Returns the status errors (0 or 1); a wrong value counts in `data_errors`.
+fn check_counter(
+    qp: &QueuePair,
+    cq: &softrdma::CompletionQueue,
+    mr: &MemoryRegion,
+    rkey: Rkey,
+    counter: u64,
+    model: u64,
+    data_errors: &mut u64,
+) -> Result<u64, String> {
+    let wr = SendWr {
+        wr_id: u64::MAX,
+        op: SendOp::Read { remote_addr: counter, rkey },
+        sg_list: vec![mr.sge(0, 8).map_err(|e| e.to_string())?],
+        flags: SendFlags { signaled: true, ..Default::default() },
+        ud: None,
+    };
+    if let Err(e) = qp.post_send(wr) {
+        // The QP failed earlier (that failure counted already).
+        eprintln!("active: the READ of the counter: {e}");
+        return Ok(1);
+    }
+    let start = Instant::now();
+    let wc = loop {
+        if let Some(wc) = cq.poll_one() {
+            break wc;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err("no completion for 60 s of the READ of the counter".into());
+        }
+    };
+    if wc.wr_id != u64::MAX || wc.status != WcStatus::Success {
+        eprintln!("active: the READ of the counter: completion {} {:?}", wc.wr_id, wc.status);
+        return Ok(1);
+    }
+    let mut v = [0u8; 8];
+    mr.read(0, &mut v).map_err(|e| e.to_string())?;
+    let counter = u64::from_ne_bytes(v);
+    if counter != model {
+        *data_errors += 1;
+        eprintln!("active: the counter holds {counter}, the model {model}");
+    }
+    Ok(0)
 }

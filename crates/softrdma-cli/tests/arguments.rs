@@ -4,13 +4,14 @@
 //!
 //! Every process runs at once, each killed (and the test failed) if it outlives its limit.
 
-use std::io::{Read, Write};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::io::Write;
+use std::process::ExitStatus;
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+mod common;
+use common::{softrdma, Proc};
+
 /// How long any one process may run.
 const LIMIT: Duration = Duration::from_secs(10);
 
@@ -56,79 +57,37 @@ impl Ended {
 /// A running process, killed if it outlives [`LIMIT`] (which fails the test).
 struct Bounded {
     args: Vec<String>,
-    child: Child,
-    stderr: Option<JoinHandle<String>>,
-    started: Instant,
+    proc: Proc,
 }
 
 fn spawn(args: &[&str], stdin: Option<String>) -> Bounded {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env("SOFTRDMA_PORT", port())
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let (Some(text), Some(mut w)) = (stdin, child.stdin.take()) {
-        let _ = w.write_all(text.as_bytes());
-        // Kept open: a process that waits on stdin must not be ended by its closing.
-        std::mem::forget(w);
-    }
-    let mut err = child.stderr.take().unwrap();
-    let stderr = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let args = args.iter().map(|s| s.to_string()).collect();
-    Bounded { args, child, stderr: Some(stderr), started: Instant::now() }
+    let mut cmd = softrdma(args);
+    cmd.env("SOFTRDMA_PORT", port());
+    let proc = match stdin {
+        None => Proc::start(&mut cmd, LIMIT),
+        Some(text) => {
+            // Kept open: a process that waits on stdin must not be ended by its closing.
+            let mut p = Proc::start_piped(&mut cmd, LIMIT);
+            let _ = p.stdin().write_all(text.as_bytes());
+            p
+        }
+    };
+    Bounded { args: args.iter().map(|s| s.to_string()).collect(), proc }
 }
 
 impl Bounded {
     /// Waits for the end, killing the process past [`LIMIT`]: `Err` with what it said then.
-    fn end(mut self) -> Result<Ended, String> {
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                let stderr = self.said();
-                return Ok(Ended { args: self.args.clone(), status, stderr });
-            }
-            if self.started.elapsed() > LIMIT {
-                self.kill();
-                let stderr = self.said();
-                return Err(format!(
-                    "softrdma {} still running after {LIMIT:?}\n{stderr}",
-                    self.args.join(" ")
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+    fn end(self) -> Result<Ended, String> {
+        let o = self.proc.end()?;
+        Ok(Ended { args: self.args, status: o.status, stderr: String::from_utf8_lossy(&o.stderr).into() })
     }
 
-    /// Ends a server that is expected to still be waiting; returns what it said.
-    fn stop(mut self) -> (bool, String) {
-        let running = self.child.try_wait().unwrap().is_none();
-        self.kill();
-        (running, self.said())
-    }
-
-    /// Its stderr, once it has ended.
-    fn said(&mut self) -> String {
-        self.stderr.take().map(|h| h.join().unwrap()).unwrap_or_default()
-    }
-
-    fn kill(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// No process outlives its test, whatever the test's fate.
-impl Drop for Bounded {
-    fn drop(&mut self) {
-        self.kill();
+    /// Waits until the server says `needle` (failing past [`LIMIT`]), then ends it, expected
+    /// to be still waiting; returns whether it was, and what it said.
+    fn stop_after(mut self, needle: &str) -> (bool, String) {
+        self.proc.wait_for_stderr(needle);
+        let (running, o) = self.proc.stop();
+        (running, String::from_utf8_lossy(&o.stderr).into())
     }
 }
 
@@ -314,7 +273,8 @@ fn a_client_of_the_other_ip_family_fails_at_once_and_the_server_goes_on() {
     pc.assert_sane();
     assert!(!pc.status.success(), "{}", pc.what());
     for (name, s) in [("pingpong", server), ("perf", pserver)] {
-        let (running, err) = s.stop();
+        // Once the server has dropped the client, it must wait for the next one.
+        let (running, err) = s.stop_after("dropped client");
         assert!(running, "the {name} server waits for the next client: {err}");
         assert!(err.contains("dropped client") && err.contains("IPv6"), "{name}: {err}");
         assert!(!err.contains("panicked"), "{name}: {err}");

@@ -2,7 +2,11 @@
 //! link layers and file formats, and on broken input.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
+use std::time::Duration;
+
+mod common;
+use common::{output, softrdma, Proc};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -19,12 +23,11 @@ fn pcaps(dir: &str) -> Vec<PathBuf> {
 }
 
 fn decode(args: &[&Path], json: bool) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_softrdma"));
-    cmd.arg("decode");
+    let mut cmd = softrdma(["decode"]);
     if json {
         cmd.arg("--json");
     }
-    cmd.args(args).output().expect("run softrdma")
+    output(cmd.args(args), Duration::from_secs(60))
 }
 
 fn stdout(o: &Output) -> String {
@@ -375,64 +378,21 @@ fn rdma_cm_library_and_perf_r_captures_with_rxe_connect_through_the_cm_both_ways
 }
 
 /// Runs `softrdma decode` on `path` with `input` streamed to its stdin (for `/dev/stdin`),
-/// killing it after 20 s; returns its exit status, stderr and peak RSS in KiB.
-// The child is reaped by wait4, which Child::wait cannot replace: it gives the child's rusage.
-#[allow(clippy::zombie_processes)]
+/// killing it (and failing) after 20 s; returns its exit status, stderr and peak RSS in KiB.
 fn decode_bounded(
     path: &str,
     input: impl FnOnce(std::process::ChildStdin) + Send + 'static,
 ) -> (i32, String, i64) {
-    use std::io::Read;
-    use std::process::Stdio;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_softrdma"))
-        .args(["decode", path])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdin = child.stdin.take().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    let mut p = Proc::start_piped(&mut softrdma(["decode", path]), Duration::from_secs(20));
+    let stdin = p.take_stdin();
     let writer = std::thread::spawn(move || input(stdin));
-    let pid = child.id() as libc::pid_t;
-    // Set once the child is reaped: its pid may then name another process.
-    let reaped = std::sync::Arc::new(std::sync::Mutex::new(false));
-    let r2 = reaped.clone();
-    let killer = std::thread::spawn(move || {
-        let t = std::time::Instant::now();
-        while t.elapsed() < std::time::Duration::from_secs(20) {
-            if *r2.lock().unwrap() {
-                return false;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let reaped = r2.lock().unwrap();
-        if !*reaped {
-            // SAFETY: a signal to our own child, not reaped yet.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        !*reaped
-    });
-    let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    // Wait without reaping, so that the killer never signals a reused pid; then wait4
-    // reaps the child and gives its own peak RSS (Child::wait would not).
-    // SAFETY: an all-zero siginfo is valid; waitid fills it for our own child.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own child, with a valid pointer.
-    assert_eq!(
-        unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) },
-        0
-    );
-    *reaped.lock().unwrap() = true;
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: reaps our own child, which has exited, with valid pointers.
-    assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut usage) }, pid);
-    assert!(!killer.join().unwrap(), "decode ran past 20 s and was killed");
+    let (o, rss) = p.end_rss().unwrap_or_else(|e| panic!("{e}"));
+    // Killed or ended, the process no longer reads: the writer stops at a broken pipe.
     let _ = writer.join();
-    assert!(!libc::WIFSIGNALED(status), "decode killed by signal {}: {err}", libc::WTERMSIG(status));
-    (libc::WEXITSTATUS(status), err, usage.ru_maxrss)
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.signal().is_none(), "decode killed by signal {:?}: {err}", o.status.signal());
+    (o.status.code().unwrap(), err, rss)
 }
 
 #[test]

@@ -4,12 +4,15 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+mod common;
+use common::{output, softrdma, text, Proc};
+
 static NEXT: AtomicU16 = AtomicU16::new(0);
+/// How long any one process may run.
+const LIMIT: Duration = Duration::from_secs(40);
 
 /// A TCP port and a UDP port for one test.
 fn ports() -> (String, String) {
@@ -18,43 +21,8 @@ fn ports() -> (String, String) {
     (base.to_string(), (base + 1).to_string())
 }
 
-/// A child killed when dropped, so that a failing test leaves no server behind.
-struct Guard(Option<Child>);
-
-impl Guard {
-    /// Its output, killing it if it runs `limit` more.
-    fn output(mut self, limit: Duration) -> Output {
-        let mut child = self.0.take().unwrap();
-        let start = Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if start.elapsed() > limit {
-                child.kill().unwrap();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child.wait_with_output().unwrap()
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn spawn(args: &[&str], udp: &str) -> Guard {
-    let child = Command::new(BIN)
-        .args(args)
-        .env("SOFTRDMA_PORT", udp)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    Guard(Some(child))
+fn spawn(args: &[&str], udp: &str) -> Proc {
+    Proc::start(softrdma(args).env("SOFTRDMA_PORT", udp), LIMIT)
 }
 
 /// Connects to the server, retrying while it is not listening yet.
@@ -91,7 +59,7 @@ fn send_and_see_dropped(s: &mut TcpStream, bytes: &[u8]) {
 /// Garbage, a line too long, then a client that says nothing; then `client` must be
 /// served. Returns the server's stderr.
 fn hostile_clients_then_a_real_one(
-    server: Guard,
+    server: Proc,
     addr: &str,
     tcp: &str,
     garbage: &[u8],
@@ -103,12 +71,10 @@ fn hostile_clients_then_a_real_one(
     send_and_see_dropped(&mut connect(addr, tcp), &vec![b'x'; 1 << 20]);
     // Connected and silent: the server must time it out. The real client queues behind it.
     let mut idle = connect(addr, tcp);
-    let real = Command::new(BIN).args(client).env("SOFTRDMA_PORT", udp).output().unwrap();
-    let server = server.output(Duration::from_secs(20));
+    let real = output(softrdma(client).env("SOFTRDMA_PORT", udp), LIMIT);
+    let server = server.wait();
     send_and_see_dropped(&mut idle, b"");
     let _ = idle.shutdown(Shutdown::Both);
-    let text =
-        |o: &Output| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(real.status.success(), "client: {}\nserver: {}", text(&real), text(&server));
     assert!(server.status.success(), "server: {}", text(&server));
     let err = String::from_utf8_lossy(&server.stderr).to_string();
@@ -155,12 +121,12 @@ fn a_failing_work_request_is_named_by_what_it_did() {
     // server's receive fails, and so does the client's send.
     let (tcp, udp) = ports();
     let server = spawn(&["pingpong", "--bind", "127.0.3.9", "-p", &tcp, "-s", "100", "-n", "5"], &udp);
-    let client = Command::new(BIN)
-        .args(["pingpong", "--bind", "127.0.3.10", "-p", &tcp, "-s", "200", "-n", "5", "127.0.3.9"])
-        .env("SOFTRDMA_PORT", &udp)
-        .output()
-        .unwrap();
-    let server = server.output(Duration::from_secs(30));
+    let client = output(
+        softrdma(["pingpong", "--bind", "127.0.3.10", "-p", &tcp, "-s", "200", "-n", "5", "127.0.3.9"])
+            .env("SOFTRDMA_PORT", &udp),
+        LIMIT,
+    );
+    let server = server.wait();
     let (c, s) = (String::from_utf8_lossy(&client.stderr), String::from_utf8_lossy(&server.stderr));
     assert!(!client.status.success() && !server.status.success(), "{c}\n{s}");
     assert!(c.contains("send of message 0 failed"), "{c}");

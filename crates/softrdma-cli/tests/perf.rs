@@ -1,23 +1,27 @@
 //! `softrdma perf` runs every benchmark with `--local` (server and client as two processes
 //! on loopback) and prints perftest's table, or JSON.
 
-use std::process::Command;
 use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+mod common;
+use common::{output, softrdma, text, Proc};
+
+/// How long any one process may run.
+const LIMIT: Duration = Duration::from_secs(60);
 static NEXT: AtomicU16 = AtomicU16::new(0);
 
 /// Runs one benchmark on its own TCP and UDP ports; returns its stdout.
 fn run(args: &[&str]) -> String {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let base = 20_000 + (std::process::id() % 10_000) as u16 + n * 3;
-    let out = Command::new(BIN)
-        .arg("perf")
-        .args(args)
-        .args(["--local", "-p", &base.to_string()])
-        .env("SOFTRDMA_PORT", (base + 1).to_string())
-        .output()
-        .unwrap();
+    let out = output(
+        softrdma(["perf"])
+            .args(args)
+            .args(["--local", "-p", &base.to_string()])
+            .env("SOFTRDMA_PORT", (base + 1).to_string()),
+        LIMIT,
+    );
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "perf {args:?}: {text}{}", String::from_utf8_lossy(&out.stderr));
     text
@@ -108,7 +112,7 @@ fn rdma_cm_mode_connects_through_the_connection_manager() {
         let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
         assert_eq!(v["iterations"], 200, "{test}: {out}");
     }
-    let out = Command::new(BIN).args(["perf", "send_bw", "-R", "-c", "UD", "--local"]).output().unwrap();
+    let out = output(&mut softrdma(["perf", "send_bw", "-R", "-c", "UD", "--local"]), LIMIT);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("-R connects RC QPs only"));
 }
@@ -129,7 +133,7 @@ fn bad_queue_pair_counts_are_refused() {
         (&["write_bw", "-q", "65"][..], "-q takes 1 to 64"),
         (&["send_lat", "-q", "2"][..], "multiple queue pairs are for the bandwidth tests"),
     ] {
-        let out = Command::new(BIN).arg("perf").args(args).arg("--local").output().unwrap();
+        let out = output(softrdma(["perf"]).args(args).arg("--local"), LIMIT);
         assert!(!out.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "{args:?}: {err}");
@@ -138,7 +142,7 @@ fn bad_queue_pair_counts_are_refused() {
 
 /// Relays one TCP connection from `listener` to 127.0.0.2:`to` (where a server with `-d
 /// 127.0.0.2` listens); returns the bytes sent (client to server, server to client).
-fn counting_proxy(listener: std::net::TcpListener, to: u16) -> std::thread::JoinHandle<(u64, u64)> {
+fn counting_proxy(listener: std::net::TcpListener, to: u16) -> std::thread::JoinHandle<(Vec<u8>, Vec<u8>)> {
     use std::net::{Shutdown, TcpStream};
     std::thread::spawn(move || {
         let (client, _) = listener.accept().unwrap();
@@ -152,9 +156,17 @@ fn counting_proxy(listener: std::net::TcpListener, to: u16) -> std::thread::Join
         };
         let pipe = |mut from: TcpStream, mut to: TcpStream| {
             std::thread::spawn(move || {
-                let n = std::io::copy(&mut from, &mut to).unwrap_or(0);
+                use std::io::{Read, Write};
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = from.read(&mut buf) {
+                    seen.extend_from_slice(&buf[..n]);
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
                 let _ = to.shutdown(Shutdown::Write);
-                n
+                seen
             })
         };
         let up = pipe(client.try_clone().unwrap(), server.try_clone().unwrap());
@@ -184,21 +196,92 @@ fn the_tcp_exchange_has_perftests_shape() {
         let listener = std::net::TcpListener::bind(("127.0.0.1", base + 2)).unwrap();
         let proxy = counting_proxy(listener, base);
         let udp = (base + 1).to_string();
-        let mut server = Command::new(BIN)
-            .args(["perf", test, "-d", "127.0.0.2", "-p", &base.to_string(), "-n", "50", "-s", "64"])
-            .env("SOFTRDMA_PORT", &udp)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let out = Command::new(BIN)
-            .args(["perf", test, "127.0.0.1", "-d", "127.0.0.3", "-p", &(base + 2).to_string()])
-            .args(["-n", "50", "-s", "64"])
-            .env("SOFTRDMA_PORT", &udp)
-            .output()
-            .unwrap();
+        let server = Proc::start(
+            softrdma(["perf", test, "-d", "127.0.0.2", "-p", &base.to_string(), "-n", "50", "-s", "64"])
+                .env("SOFTRDMA_PORT", &udp),
+            LIMIT,
+        );
+        let out = output(
+            softrdma(["perf", test, "127.0.0.1", "-d", "127.0.0.3", "-p", &(base + 2).to_string()])
+                .args(["-n", "50", "-s", "64"])
+                .env("SOFTRDMA_PORT", &udp),
+            LIMIT,
+        );
         assert!(out.status.success(), "{test}: {}", String::from_utf8_lossy(&out.stderr));
-        assert!(server.wait().unwrap().success(), "{test}: server");
-        assert_eq!(proxy.join().unwrap(), (bytes, bytes), "{test}: bytes (client to server, back)");
+        let server = server.wait();
+        assert!(server.status.success(), "{test}: server: {}", text(&server));
+        let (up, down) = proxy.join().unwrap();
+        assert_eq!((up.len(), down.len()), (bytes, bytes), "{test}: bytes (client to server, back)");
+    }
+}
+
+/// The five fields of perftest's BW report in what a client sent: big-endian `u64`s just
+/// before the goodbye (a 108-byte key message and "done\0"), after the report's own
+/// barrier (another key message).
+fn report_fields(up: &[u8]) -> [u64; 5] {
+    assert!(up.ends_with(b"done\0"), "{up:?}");
+    let goodbye = up.len() - 5 - 108;
+    let fields = goodbye - 40;
+    let barrier = fields - 108;
+    for at in [goodbye, barrier] {
+        assert!(up[at..].starts_with(b"0000:0001:"), "a key message at {at}: {up:?}");
+    }
+    let mut f = [0u64; 5];
+    for (k, v) in f.iter_mut().enumerate() {
+        *v = u64::from_be_bytes(up[fields + 8 * k..fields + 8 * k + 8].try_into().unwrap());
+    }
+    f
+}
+
+#[test]
+fn the_bw_report_carries_perftests_fields() {
+    // What a real client sends as its report, read off the wire, decoded as perftest's
+    // server decodes it: size and iterations, then peak and average in MiB/s and the
+    // message rate in Mpps as doubles. rxe's ib_write_bw sent [64, 100, 0.1254..,
+    // 0.1246.., 0.002041..] for 100 x 64 bytes (testdata/rxe/write_bw_64.pcap, frames
+    // 226-234): its average and rate agree as MiB/s and Mpps do, which pins the units.
+    // (send_bw sends no report: its server measures for itself.)
+    let rxe = [0x40, 0x64, 0x3fc0_1117_9dd8_3cfc, 0x3fbf_e55b_80f1_519f, 0x3f60_b8ff_b930_e8d9];
+    for (test, size) in [("write_bw", 64u64), ("read_bw", 4096), ("atomic_bw", 8)] {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let base = 40_000 + (std::process::id() % 10_000) as u16 + n * 3;
+        let listener = std::net::TcpListener::bind(("127.0.0.1", base + 2)).unwrap();
+        let proxy = counting_proxy(listener, base);
+        let udp = (base + 1).to_string();
+        let s = size.to_string();
+        let server = Proc::start(
+            softrdma(["perf", test, "-d", "127.0.0.2", "-p", &base.to_string(), "-n", "100", "-s", &s])
+                .env("SOFTRDMA_PORT", &udp),
+            LIMIT,
+        );
+        let client = output(
+            softrdma(["perf", test, "127.0.0.1", "-d", "127.0.0.3", "-p", &(base + 2).to_string()])
+                .args(["-n", "100", "-s", &s])
+                .env("SOFTRDMA_PORT", &udp),
+            LIMIT,
+        );
+        let server = server.wait();
+        assert!(client.status.success() && server.status.success(), "{}\n{}", text(&client), text(&server));
+        let (up, _) = proxy.join().unwrap();
+        let mine = report_fields(&up);
+        for (name, f) in [("rxe", rxe), (test, mine)] {
+            let want = if name == "rxe" { 64 } else { size };
+            assert_eq!((f[0], f[1]), (want, 100), "{name}: size and iterations");
+            let (peak, avg, rate) = (f64::from_bits(f[2]), f64::from_bits(f[3]), f64::from_bits(f[4]));
+            assert!(avg > 0.0 && peak >= avg, "{name}: peak {peak} average {avg}");
+            let from_rate = rate * 1e6 * want as f64 / 1_048_576.0;
+            assert!((from_rate - avg).abs() / avg < 0.01, "{name}: {from_rate} vs {avg}");
+        }
+        // Both sides print the client's numbers, as sent.
+        let (peak, avg, rate) = (f64::from_bits(mine[2]), f64::from_bits(mine[3]), f64::from_bits(mine[4]));
+        let want = format!(
+            " {:<10} {:<10}       {:<10.2}         {:<10.2}        {:.6}",
+            size, 100, peak, avg, rate
+        );
+        for (side, o) in [("client", &client), ("server", &server)] {
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(out.lines().any(|l| l == want), "{test} {side}: want {want:?} in\n{out}");
+        }
     }
 }
 
@@ -219,11 +302,11 @@ fn bandwidth_tests_run_with_fewer_than_100_in_flight() {
 fn an_mtu_perftest_does_not_know_runs_at_the_active_mtu_and_says_so() {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let base = 20_000 + (std::process::id() % 10_000) as u16 + n * 3;
-    let out = Command::new(BIN)
-        .args(["perf", "write_bw", "-m", "7", "-n", "50", "--local", "-p", &base.to_string()])
-        .env("SOFTRDMA_PORT", (base + 1).to_string())
-        .output()
-        .unwrap();
+    let out = output(
+        softrdma(["perf", "write_bw", "-m", "7", "-n", "50", "--local", "-p", &base.to_string()])
+            .env("SOFTRDMA_PORT", (base + 1).to_string()),
+        LIMIT,
+    );
     let (text, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{text}{err}");
     assert!(err.contains("invalid MTU 7") && err.contains("running at the port's active MTU"), "{err}");
@@ -243,28 +326,16 @@ fn local_fails_at_once_with_the_servers_own_error() {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let base = 20_000 + (std::process::id() % 10_000) as u16 + n * 3;
     let taken = std::net::UdpSocket::bind(("127.0.0.2", base + 1)).unwrap();
-    let mut child = Command::new(BIN)
-        .args(["perf", "write_bw", "-n", "50", "--local", "-p", &base.to_string()])
-        .env("SOFTRDMA_PORT", (base + 1).to_string())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > std::time::Duration::from_secs(10) {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("perf --local still waiting 10 s after its server failed");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let child = Proc::start(
+        softrdma(["perf", "write_bw", "-n", "50", "--local", "-p", &base.to_string()])
+            .env("SOFTRDMA_PORT", (base + 1).to_string()),
+        Duration::from_secs(10),
+    );
+    let out = child
+        .end()
+        .unwrap_or_else(|e| panic!("perf --local still waiting 10 s after its server failed: {e}"));
     drop(taken);
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let (status, err) = (out.status, String::from_utf8_lossy(&out.stderr));
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("server failed: ") && err.contains("in use"), "{err}");
     assert!(!err.contains("cannot reach"), "{err}");

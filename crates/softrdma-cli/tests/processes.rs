@@ -1,9 +1,8 @@
 //! softrdma between real processes over loopback: the ping-pong in every mode, and
 //! one-sided operations against a process that makes no verbs call.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::IpAddr;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
@@ -11,7 +10,11 @@ use softrdma::{
     Access, ConnectOptions, Context, EndpointInfo, QpBuilder, Rkey, SendFlags, SendOp, SendWr, WcStatus,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+mod common;
+use common::{output, softrdma, text, Proc};
+
+/// How long any one process may run.
+const LIMIT: Duration = Duration::from_secs(60);
 
 /// Distinct TCP ports and loopback addresses for tests running in parallel.
 static NEXT: AtomicU16 = AtomicU16::new(0);
@@ -30,25 +33,16 @@ fn run_pingpong(transport: &str, events: bool, size: &str, iters: &str, env: &[(
     if events {
         common.push("-e");
     }
-    let server = Command::new(BIN)
-        .args(&common)
-        .args(["--bind", &srv_ip])
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let client = Command::new(BIN)
-        .args(&common)
-        // The server's exchange listens on its --bind address only.
-        .args(["--bind", &cli_ip, &srv_ip])
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let server = server.wait_with_output().unwrap();
-    let show = |o: &std::process::Output| {
-        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-    };
+    let server = Proc::start(softrdma(&common).args(["--bind", &srv_ip]).envs(env.iter().copied()), LIMIT);
+    let client = output(
+        softrdma(&common)
+            // The server's exchange listens on its --bind address only.
+            .args(["--bind", &cli_ip, &srv_ip])
+            .envs(env.iter().copied()),
+        LIMIT,
+    );
+    let server = server.wait();
+    let show = text;
     assert!(client.status.success(), "client: {}", show(&client));
     assert!(server.status.success(), "server: {}", show(&server));
     let bytes = 2 * size.parse::<u64>().unwrap() * iters.parse::<u64>().unwrap();
@@ -88,15 +82,11 @@ fn pingpong_ud_event_mode() {
 #[test]
 fn one_sided_operations_against_a_passive_process() {
     let size = 1 << 20;
-    let mut server = Command::new(BIN)
-        .args(["memserver", "--bind", "127.0.2.2", "--size", &size.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(server.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let mut server = Proc::start_piped(
+        &mut softrdma(["memserver", "--bind", "127.0.2.2", "--size", &size.to_string()]),
+        LIMIT,
+    );
+    let line = server.line();
     let theirs: EndpointInfo = serde_json::from_str(line.trim()).unwrap();
     let region = theirs.region.expect("memserver offers its region");
 
@@ -105,8 +95,7 @@ fn one_sided_operations_against_a_passive_process() {
     let cq = ctx.create_cq(64, None).unwrap();
     let mr = pd.register(size, Access::LOCAL_WRITE).unwrap();
     let prepared = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
-    let mut stdin = server.stdin.take().unwrap();
-    writeln!(stdin, "{}", serde_json::to_string(&prepared.endpoint()).unwrap()).unwrap();
+    writeln!(server.stdin(), "{}", serde_json::to_string(&prepared.endpoint()).unwrap()).unwrap();
     let qp = prepared.handshake(&theirs, &ConnectOptions::default()).unwrap();
     let wait = || {
         let t = Instant::now();
@@ -165,10 +154,10 @@ fn one_sided_operations_against_a_passive_process() {
     want[word..].copy_from_slice(&(u64::from_ne_bytes(start) + 20).to_ne_bytes());
 
     // The passive side reports what its memory holds.
-    drop(stdin);
-    let mut report = String::new();
-    out.read_line(&mut report).unwrap();
-    assert!(server.wait().unwrap().success());
+    server.close_stdin();
+    let report = server.line();
+    let o = server.wait();
+    assert!(o.status.success(), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
     assert_eq!(v["len"], size);
     assert_eq!(v["crc32"], crc32fast::hash(&want));
@@ -176,11 +165,7 @@ fn one_sided_operations_against_a_passive_process() {
 
 /// The index of `ip`'s IPv4-mapped GID in `softrdma devinfo -v`'s table, run with `env`.
 fn gid_index_of(ip: &str, env: &[(&str, &str)]) -> String {
-    let out = Command::new(BIN)
-        .args(["devinfo", "-d", "srdma_lo", "-v"])
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
+    let out = output(softrdma(["devinfo", "-d", "srdma_lo", "-v"]).envs(env.iter().copied()), LIMIT);
     let out = String::from_utf8(out.stdout).unwrap();
     let line =
         out.lines().find(|l| l.contains(&format!("::ffff:{ip},"))).unwrap_or_else(|| panic!("{ip}: {out}"));
@@ -198,16 +183,15 @@ fn pingpong_binds_the_gid_that_g_names() {
     let (srv_g, cli_g) = (gid_index_of(&srv_ip, &env), gid_index_of(&cli_ip, &env));
     assert_ne!(srv_g, "0");
     let common = ["pingpong", "-n", "50", "-s", "1024", "-p", &tcp];
-    let server =
-        Command::new(BIN).args(common).args(["-g", &srv_g]).envs(env).stdout(Stdio::piped()).spawn().unwrap();
-    let client = Command::new(BIN).args(common).args(["-g", &cli_g, "127.0.0.1"]).envs(env).output().unwrap();
-    let server = server.wait_with_output().unwrap();
+    let server = Proc::start(softrdma(common).args(["-g", &srv_g]).envs(env), LIMIT);
+    let client = output(softrdma(common).args(["-g", &cli_g, "127.0.0.1"]).envs(env), LIMIT);
+    let server = server.wait();
     let (c, s) = (String::from_utf8_lossy(&client.stdout), String::from_utf8_lossy(&server.stdout));
     assert!(client.status.success() && server.status.success(), "{c}\n{s}");
     assert!(c.contains("local address:  QPN 0x") && c.contains(&format!("GID {cli_ip}:")), "{c}");
     assert!(s.contains(&format!("GID {srv_ip}:")), "{s}");
     // An index past the table is refused before anything is bound.
-    let bad = Command::new(BIN).args(common).args(["-g", "200", "127.0.0.1"]).envs(env).output().unwrap();
+    let bad = output(softrdma(common).args(["-g", "200", "127.0.0.1"]).envs(env), LIMIT);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("GID"), "{}", String::from_utf8_lossy(&bad.stderr));
 }

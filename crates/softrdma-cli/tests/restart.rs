@@ -3,9 +3,8 @@
 //! (RETRY_EXC_ERR), the stale QP's packets do not disturb the new connection to the new
 //! process, and that new connection works.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::IpAddr;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use softrdma::{
@@ -13,41 +12,30 @@ use softrdma::{
     QpBuilder, QueuePair, RecvWr, Rkey, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+mod common;
+use common::{softrdma, text, Proc};
+
 const SIZE: usize = 65536;
 
 struct Server {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+    proc: Proc,
     info: EndpointInfo,
 }
 
+/// A memserver on `port`, once it has bound it (it prints its endpoint then).
 fn start(port: u16) -> Server {
-    let mut child = Command::new(BIN)
-        .args([
-            "memserver",
-            "--bind",
-            "127.0.10.2",
-            "--udp-port",
-            &port.to_string(),
-            "--size",
-            &SIZE.to_string(),
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdin = child.stdin.take();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    Server { child, stdin, stdout, info: serde_json::from_str(line.trim()).unwrap() }
+    let mut proc = Proc::start_piped(
+        softrdma(["memserver", "--bind", "127.0.10.2", "--udp-port", &port.to_string()])
+            .args(["--size", &SIZE.to_string()]),
+        Duration::from_secs(60),
+    );
+    let line = proc.line();
+    Server { info: serde_json::from_str(line.trim()).unwrap(), proc }
 }
 
 fn connect(pd: &ProtectionDomain, cq: &CompletionQueue, s: &mut Server) -> QueuePair {
     let p = pd.prepare_qp(&QpBuilder::rc(), cq, cq).unwrap();
-    writeln!(s.stdin.as_mut().unwrap(), "{}", serde_json::to_string(&p.endpoint()).unwrap()).unwrap();
+    writeln!(s.proc.stdin(), "{}", serde_json::to_string(&p.endpoint()).unwrap()).unwrap();
     p.handshake(&s.info, &ConnectOptions { timeout: 12, retry_cnt: 3, ..ConnectOptions::default() }).unwrap()
 }
 
@@ -75,8 +63,14 @@ fn a_restarted_peer_does_not_confuse_the_survivor() {
     let survivor = Context::open_port(IpAddr::from([127, 0, 10, 3]), 0).unwrap();
     let pd = survivor.alloc_pd();
     let cq_m = survivor.create_cq(64, None).unwrap();
+    // What the QP to the first process writes (also after that process is gone), and what
+    // the QP to the second writes: different bytes, so that the second process's memory
+    // tells which WRITE landed.
+    let (stale_bytes, new_bytes) = ([0xA5; SIZE], [0x5A; SIZE]);
     let mr = pd.register(SIZE, Access::LOCAL_WRITE).unwrap();
-    mr.write(0, &[0x5A; SIZE]).unwrap();
+    mr.write(0, &stale_bytes).unwrap();
+    let new_mr = pd.register(SIZE, Access::LOCAL_WRITE).unwrap();
+    new_mr.write(0, &new_bytes).unwrap();
 
     // A legitimate peer in this process, to ping throughout.
     let other = Context::open_port(IpAddr::from([127, 0, 10, 4]), 0).unwrap();
@@ -115,8 +109,8 @@ fn a_restarted_peer_does_not_confuse_the_survivor() {
     ping();
 
     // Kill it, and start a new one on the same address and port.
-    first.child.kill().unwrap();
-    first.child.wait().unwrap();
+    let (running, _) = first.proc.stop();
+    assert!(running, "the first process served until killed");
     let mut second = start(port);
     let cq_n = survivor.create_cq(64, None).unwrap();
     let new = connect(&pd, &cq_n, &mut second);
@@ -127,13 +121,15 @@ fn a_restarted_peer_does_not_confuse_the_survivor() {
     assert_eq!(wc.status, WcStatus::RetryExcErr, "the connection to the dead process fails cleanly");
     ping();
     // The new connection works.
-    write(&new, &mr, &second.info, 3);
+    write(&new, &new_mr, &second.info, 3);
     assert_eq!(wait(&cq_n).status, WcStatus::Success);
-    drop(second.stdin.take());
-    let mut report = String::new();
-    second.stdout.read_line(&mut report).unwrap();
-    second.child.wait().unwrap();
+    second.proc.close_stdin();
+    let report = second.proc.line();
+    let out = second.proc.wait();
+    assert_eq!(out.status.code(), Some(0), "the second process: {}", text(&out));
     let v: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
-    assert_eq!(v["crc32"], crc32fast::hash(&[0x5A; SIZE]), "the new process got exactly the new WRITE");
+    assert_eq!(v["len"], SIZE, "{report}");
+    assert_ne!(v["crc32"], crc32fast::hash(&stale_bytes), "the stale WRITE landed in the new process");
+    assert_eq!(v["crc32"], crc32fast::hash(&new_bytes), "the new process got exactly the new WRITE");
     ping();
 }

@@ -1,10 +1,14 @@
 //! `softrdma rping` between two processes over the connection manager: clean, through a
 //! lossy relay, and against a port nobody listens on.
 
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+mod common;
+use common::{output, softrdma, text, Proc};
+
+/// How long any one process may run.
+const LIMIT: Duration = Duration::from_secs(60);
 
 /// A RoCE port of this test run's own, so that parallel runs do not meet: both sides of a
 /// CM exchange use the same port, as RoCE's 4791.
@@ -13,17 +17,18 @@ fn roce_port(k: u16) -> String {
 }
 
 fn rping(port: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.env("SOFTRDMA_PORT", port).arg("rping").args(args);
+    let mut c = softrdma(["rping"]);
+    c.env("SOFTRDMA_PORT", port).args(args);
     c
 }
 
-fn spawn(mut c: Command) -> Child {
-    c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+fn spawn(mut c: Command) -> Proc {
+    Proc::start(&mut c, LIMIT)
 }
 
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+/// Runs a client to its end.
+fn run(mut c: Command) -> Output {
+    output(&mut c, LIMIT)
 }
 
 fn pings(o: &Output, prefix: &str) -> Vec<String> {
@@ -35,11 +40,11 @@ fn a_hundred_pings_between_two_processes() {
     let port = roce_port(0);
     let server = spawn(rping(&port, &["-s", "-a", "127.0.9.2", "-C", "100", "-v", "-p", "7201"]));
     std::thread::sleep(Duration::from_millis(300));
-    let client =
-        rping(&port, &["-c", "-a", "127.0.9.2", "-I", "127.0.9.3", "-C", "100", "-v", "-V", "-p", "7201"])
-            .output()
-            .unwrap();
-    let server = server.wait_with_output().unwrap();
+    let client = run(rping(
+        &port,
+        &["-c", "-a", "127.0.9.2", "-I", "127.0.9.3", "-C", "100", "-v", "-V", "-p", "7201"],
+    ));
+    let server = server.wait();
     assert!(client.status.success(), "client: {}", text(&client));
     assert!(server.status.success(), "server: {}", text(&server));
     let c = pings(&client, "ping data: rdma-ping-");
@@ -58,25 +63,24 @@ fn a_hundred_pings_between_two_processes() {
 fn pings_through_a_relay_that_loses_duplicates_and_reorders() {
     let port = roce_port(1);
     let at = |ip: &str| format!("{ip}:{port}");
-    let relay = Command::new(BIN)
-        .args(["relay", "--a-side", &at("127.0.9.4"), "--b-side", &at("127.0.9.5")])
-        .args(["--peer-a", &at("127.0.9.6"), "--peer-b", &at("127.0.9.7")])
-        .args(["--loss", "5", "--dup", "2", "--reorder", "5", "--seed", "4", "--duration", "120"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let relay = spawn({
+        let mut c = softrdma(["relay", "--a-side", &at("127.0.9.4"), "--b-side", &at("127.0.9.5")]);
+        c.args(["--peer-a", &at("127.0.9.6"), "--peer-b", &at("127.0.9.7")]);
+        c.args(["--loss", "5", "--dup", "2", "--reorder", "5", "--seed", "4", "--duration", "120"]);
+        c
+    });
     std::thread::sleep(Duration::from_millis(200));
     let server = spawn(rping(&port, &["-s", "-a", "127.0.9.7", "-C", "100", "-v", "-p", "7202"]));
     std::thread::sleep(Duration::from_millis(300));
     // The client's peer is the relay's side facing it; the CM messages cross the relay too.
-    let client =
-        rping(&port, &["-c", "-a", "127.0.9.4", "-I", "127.0.9.6", "-C", "100", "-v", "-V", "-p", "7202"])
-            .output()
-            .unwrap();
-    let server = server.wait_with_output().unwrap();
-    // SAFETY: signals our own child, which prints its counters on SIGTERM.
-    unsafe { libc::kill(relay.id() as i32, libc::SIGTERM) };
-    let counters = String::from_utf8(relay.wait_with_output().unwrap().stdout).unwrap();
+    let client = run(rping(
+        &port,
+        &["-c", "-a", "127.0.9.4", "-I", "127.0.9.6", "-C", "100", "-v", "-V", "-p", "7202"],
+    ));
+    let server = server.wait();
+    // The relay prints its counters on SIGTERM.
+    relay.signal(libc::SIGTERM);
+    let counters = String::from_utf8(relay.wait().stdout).unwrap();
     assert!(client.status.success(), "client: {}\nrelay: {counters}", text(&client));
     assert!(server.status.success(), "server: {}", text(&server));
     assert_eq!(pings(&client, "ping data: rdma-ping-").len(), 100);
@@ -95,12 +99,8 @@ fn a_client_refused_by_the_cm_fails_with_the_reason() {
     // A server listens on another rdma_cm port: the REQ gets REJ "invalid service ID".
     let server = spawn(rping(&port, &["-s", "-a", "127.0.9.8", "-C", "1", "-p", "7203"]));
     std::thread::sleep(Duration::from_millis(300));
-    let client = rping(&port, &["-c", "-a", "127.0.9.8", "-I", "127.0.9.9", "-C", "1", "-p", "7204"])
-        .output()
-        .unwrap();
-    let mut server = server;
-    let _ = server.kill();
-    let _ = server.wait();
+    let client = run(rping(&port, &["-c", "-a", "127.0.9.8", "-I", "127.0.9.9", "-C", "1", "-p", "7204"]));
+    drop(server);
     assert_eq!(client.status.code(), Some(1), "{}", text(&client));
     assert!(text(&client).contains("RDMA_CM_EVENT_REJECTED (status 8)"), "{}", text(&client));
 }
@@ -109,13 +109,13 @@ fn a_client_refused_by_the_cm_fails_with_the_reason() {
 fn cmatose_with_twenty_connections_between_two_processes() {
     let port = roce_port(3);
     let cmatose = |args: &[&str]| {
-        let mut c = Command::new(BIN);
-        c.env("SOFTRDMA_PORT", &port).arg("cmatose").args(args);
+        let mut c = softrdma(["cmatose"]);
+        c.env("SOFTRDMA_PORT", &port).args(args);
         c
     };
     let server = spawn(cmatose(&["-b", "127.0.9.10", "-c", "20", "-C", "50", "-S", "1000", "-p", "7205"]));
     std::thread::sleep(Duration::from_millis(300));
-    let client = cmatose(&[
+    let client = run(cmatose(&[
         "-s",
         "127.0.9.10",
         "-b",
@@ -128,10 +128,8 @@ fn cmatose_with_twenty_connections_between_two_processes() {
         "1000",
         "-p",
         "7205",
-    ])
-    .output()
-    .unwrap();
-    let server = server.wait_with_output().unwrap();
+    ]));
+    let server = server.wait();
     let (c, s) = (text(&client), text(&server));
     assert!(client.status.success() && server.status.success(), "client:\n{c}\nserver:\n{s}");
     assert!(c.contains("sending replies\ndata transfers complete\ntest complete\nreturn status 0"), "{c}");
@@ -147,16 +145,14 @@ fn cmatose_with_twenty_connections_between_two_processes() {
 fn udaddy_with_five_endpoints_between_two_processes() {
     let port = roce_port(4);
     let udaddy = |args: &[&str]| {
-        let mut c = Command::new(BIN);
-        c.env("SOFTRDMA_PORT", &port).arg("udaddy").args(args);
+        let mut c = softrdma(["udaddy"]);
+        c.env("SOFTRDMA_PORT", &port).args(args);
         c
     };
     let server = spawn(udaddy(&["-b", "127.0.9.12", "-c", "5", "-C", "20", "-p", "7206"]));
     std::thread::sleep(Duration::from_millis(300));
-    let client = udaddy(&["-s", "127.0.9.12", "-b", "127.0.9.13", "-c", "5", "-C", "20", "-p", "7206"])
-        .output()
-        .unwrap();
-    let server = server.wait_with_output().unwrap();
+    let client = run(udaddy(&["-s", "127.0.9.12", "-b", "127.0.9.13", "-c", "5", "-C", "20", "-p", "7206"]));
+    let server = server.wait();
     let (c, s) = (text(&client), text(&server));
     assert!(client.status.success() && server.status.success(), "client:\n{c}\nserver:\n{s}");
     assert!(
@@ -170,17 +166,15 @@ fn udaddy_with_five_endpoints_between_two_processes() {
 fn connrate_reports_both_sides_and_the_ratio() {
     let port = roce_port(5);
     let connrate = |args: &[&str]| {
-        let mut c = Command::new(BIN);
-        c.env("SOFTRDMA_PORT", &port).arg("connrate").args(args);
+        let mut c = softrdma(["connrate"]);
+        c.env("SOFTRDMA_PORT", &port).args(args);
         c
     };
     let server = spawn(connrate(&["--listen", "127.0.9.14", "-p", "7208"]));
     std::thread::sleep(Duration::from_millis(300));
     let client =
-        connrate(&["127.0.9.14", "-b", "127.0.9.15", "-p", "7208", "-n", "30", "--concurrent", "10"])
-            .output()
-            .unwrap();
-    let server = server.wait_with_output().unwrap();
+        run(connrate(&["127.0.9.14", "-b", "127.0.9.15", "-p", "7208", "-n", "30", "--concurrent", "10"]));
+    let server = server.wait();
     let (c, s) = (text(&client), text(&server));
     assert!(client.status.success() && server.status.success(), "client:\n{c}\nserver:\n{s}");
     assert!(c.contains("ratio rdma_cm/TCP: sequential "), "{c}");

@@ -3,9 +3,15 @@
 //! the loopback device's values.
 
 use std::process::Output;
+use std::time::Duration;
+
+mod common;
+use common::{output, softrdma};
+
+const LIMIT: Duration = Duration::from_secs(20);
 
 fn run(args: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_softrdma")).args(args).output().expect("run softrdma")
+    output(&mut softrdma(args), LIMIT)
 }
 
 /// Runs, expects success, returns stdout.
@@ -75,11 +81,10 @@ fn devinfo_verbose_has_limits_and_gids() {
     let gids = out.lines().filter(|l| l.contains("GID[")).count();
     assert!(gids >= 1);
     assert_eq!(field(&out, "gid_tbl_len"), gids.to_string());
-    let more = std::process::Command::new(env!("CARGO_BIN_EXE_softrdma"))
-        .args(["devinfo", "-d", "srdma_lo", "-v"])
-        .env("SOFTRDMA_GIDS", "127.0.0.2,127.0.0.3")
-        .output()
-        .unwrap();
+    let more = output(
+        softrdma(["devinfo", "-d", "srdma_lo", "-v"]).env("SOFTRDMA_GIDS", "127.0.0.2,127.0.0.3"),
+        LIMIT,
+    );
     let more = String::from_utf8_lossy(&more.stdout);
     assert_eq!(field(&more, "gid_tbl_len"), (gids + 2).to_string(), "{more}");
     assert!(more.contains(&format!("\t\t\tGID[{:3}]:\t\t::ffff:127.0.0.3, RoCE v2\n", gids + 1)), "{more}");

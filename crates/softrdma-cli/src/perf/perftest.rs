@@ -215,13 +215,7 @@ impl Session<'_> {
     /// client and answered by the server. Returns the client's numbers on both sides.
     pub(super) fn report(&self, ctrl: &mut Ctrl, size: usize, m: Measured) -> Result<Measured, Fail> {
         ctrl.swap(self.client, &self.key())?;
-        const MIB: f64 = 1_048_576.0;
-        let rate = if size == 0 { 0.0 } else { m.bw_avg / size as f64 / 1e6 };
-        let mine: [u64; 5] = if self.client {
-            [size as u64, m.iters, (m.bw_peak / MIB).to_bits(), (m.bw_avg / MIB).to_bits(), rate.to_bits()]
-        } else {
-            [0; 5]
-        };
+        let mine = if self.client { report_fields(size, &m) } else { [0; 5] };
         let mut got = [0u64; 5];
         for (g, v) in got.iter_mut().zip(mine) {
             let b = ctrl.swap(self.client, &v.to_be_bytes())?;
@@ -230,12 +224,26 @@ impl Session<'_> {
         if self.client {
             return Ok(m);
         }
-        if got[0] != size as u64 {
-            return Err(format!("the client reported size {}, expected {size}", got[0]));
-        }
-        let f = |bits: u64| f64::from_bits(bits) * MIB;
-        Ok(Measured { iters: got[1], bw_peak: f(got[2]), bw_avg: f(got[3]), lat: Vec::new() })
+        measured_from_report(size, &got)
     }
+}
+
+const MIB: f64 = 1_048_576.0;
+
+/// The BW report's five fields of a run of `size`-byte messages.
+fn report_fields(size: usize, m: &Measured) -> [u64; 5] {
+    let rate = if size == 0 { 0.0 } else { m.bw_avg / size as f64 / 1e6 };
+    [size as u64, m.iters, (m.bw_peak / MIB).to_bits(), (m.bw_avg / MIB).to_bits(), rate.to_bits()]
+}
+
+/// The run a client reported in the BW report's five fields, expected of `size`-byte
+/// messages.
+fn measured_from_report(size: usize, got: &[u64; 5]) -> Result<Measured, Fail> {
+    if got[0] != size as u64 {
+        return Err(format!("the client reported size {}, expected {size}", got[0]));
+    }
+    let f = |bits: u64| f64::from_bits(bits) * MIB;
+    Ok(Measured { iters: got[1], bw_peak: f(got[2]), bw_avg: f(got[3]), lat: Vec::new() })
 }
 
 /// Sends `msg` and receives the peer's message of the same length (the client speaks
@@ -299,15 +307,21 @@ mod tests {
         // The five fields rxe's ib_write_bw client sent after its run of 100 x 64 bytes in
         // testdata/rxe/write_bw_64.pcap (frames 226-234): size, iterations, then peak and
         // average in MiB/s and the message rate in Mpps, as big-endian doubles.
-        let fields: [u64; 5] =
-            [0x40, 0x64, 0x3fc0_1117_9dd8_3cfc, 0x3fbf_e55b_80f1_519f, 0x3f60_b8ff_b930_e8d9];
-        let (peak, avg, rate) =
-            (f64::from_bits(fields[2]), f64::from_bits(fields[3]), f64::from_bits(fields[4]));
-        assert_eq!((fields[0], fields[1]), (64, 100));
-        assert!(peak >= avg);
-        // Average MiB/s and message rate describe the same run, which pins the units.
-        let from_rate = rate * 1e6 * 64.0 / 1_048_576.0;
-        assert!((from_rate - avg).abs() / avg < 0.01, "{from_rate} vs {avg}");
+        let rxe: [u64; 5] = [0x40, 0x64, 0x3fc0_1117_9dd8_3cfc, 0x3fbf_e55b_80f1_519f, 0x3f60_b8ff_b930_e8d9];
+        // Read by our server as the run it describes, in bytes per second ...
+        let m = measured_from_report(64, &rxe).unwrap();
+        assert_eq!(m.iters, 100);
+        assert!(m.bw_peak >= m.bw_avg);
+        // ... whose average agrees with rxe's message rate: the units are perftest's.
+        let rate = f64::from_bits(rxe[4]);
+        assert!((rate * 1e6 * 64.0 - m.bw_avg).abs() / m.bw_avg < 0.01, "{rate} Mpps vs {} B/s", m.bw_avg);
+        // Sent by our client, the same run is the same fields: size, iterations, peak and
+        // average exactly, the rate as rxe computed it.
+        let ours = report_fields(64, &m);
+        assert_eq!(ours[..4], rxe[..4]);
+        let r = f64::from_bits(ours[4]);
+        assert!((r - rate).abs() / rate < 0.01, "{r} vs {rate}");
+        assert!(measured_from_report(65, &rxe).is_err(), "another size than the run's");
     }
 
     #[test]
