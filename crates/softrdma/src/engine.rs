@@ -301,12 +301,6 @@ impl Engine {
     /// (WR_FLUSH_ERR), so that their buffers can be reclaimed.
     pub(crate) fn destroy_qp(&self, qpn: Qpn) {
         let mut core = self.lock();
-        // An ACK waiting for company goes now: the peer must still hear about what
-        // arrived before the QP went away.
-        if let Some(qp) = core.endpoint.qp_mut(qpn) {
-            qp.send_acks_now();
-            self.flush(&mut core);
-        }
         if let Some(qp) = core.endpoint.qp_mut(qpn) {
             if qp.state() != QpState::Reset {
                 let _ = qp.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
@@ -372,12 +366,6 @@ impl Engine {
         let mut core = self.lock();
         let qp = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         prepare(qp);
-        if matches!(attr.state, Some(QpState::Error | QpState::Reset)) {
-            // What arrived is acknowledged before the QP stops answering.
-            qp.send_acks_now();
-            self.flush(&mut core);
-        }
-        let qp = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         let was = qp.state();
         qp.modify(attr)?;
         if was != QpState::Error && qp.state() == QpState::Error && qp.srq().is_some() {
@@ -1000,10 +988,7 @@ impl Engine {
             self.deliver_cm();
             let now = ns(self.now());
             if self.app_polls.swap(0, Ordering::Relaxed) >= BUSY_POLLS {
-                // The polling thread runs the timers too (each of its passes does), so the
-                // nap need not end at the next one: a delayed ACK's 20 us would otherwise
-                // wake this thread for every message and make it fight the poller.
-                let nap = Duration::from_millis(1);
+                let nap = Duration::from_millis(1).min(timeout.unwrap_or(Duration::MAX));
                 self.sleeping_until.fetch_min(now + ns(nap), Ordering::AcqRel);
                 self.napping.store(true, Ordering::Release);
                 let _ = sys::wait_readable([self.wake.as_raw_fd()], Some(nap));
