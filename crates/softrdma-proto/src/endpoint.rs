@@ -271,12 +271,17 @@ impl Endpoint {
         let Arrival { src, dst, tos } = arrival;
         self.stats.received += 1;
         let Some(encap) = icrc::Encap::new(src, dst) else {
+            tracing::debug!(%src, "dropped: IPv4 and IPv6 mixed");
             self.stats.malformed += 1;
             return;
         };
-        let Ok(pkt) = Packet::new_checked(bytes) else {
-            self.stats.malformed += 1;
-            return;
+        let pkt = match Packet::new_checked(bytes) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(%src, len = bytes.len(), reason = %e, "dropped: not a RoCEv2 packet");
+                self.stats.malformed += 1;
+                return;
+            }
         };
         let qpn = pkt.bth().dest_qp().get();
         let exact = icrc::verify(&encap, bytes);
@@ -291,6 +296,7 @@ impl Endpoint {
                 _ => false,
             };
             if !agnostic {
+                tracing::debug!(%src, qpn = %format_args!("{qpn:#08x}"), "dropped: ICRC mismatch");
                 self.stats.icrc_errors += 1;
                 return;
             }
@@ -300,10 +306,12 @@ impl Endpoint {
             return;
         }
         let Some(slot) = self.qps.get_mut(&qpn) else {
+            tracing::debug!(%src, qpn = %format_args!("{qpn:#08x}"), "dropped: no such QP");
             self.stats.unknown_qp += 1;
             return;
         };
         if !pkey_match(pkt.bth().pkey(), self.pkeys[0]) {
+            tracing::debug!(%src, qpn = %format_args!("{qpn:#08x}"), pkey = pkt.bth().pkey(), "dropped: P_Key mismatch");
             self.stats.pkey_violations += 1;
             return;
         }

@@ -219,6 +219,7 @@ fn ns(d: Duration) -> u64 {
 
 impl Engine {
     pub(crate) fn new(link: Box<dyn Link>) -> std::io::Result<Engine> {
+        crate::init_logging();
         let local = link.local();
         let link_fds = link.fds();
         let async_efd = EventFd::exposed()?;

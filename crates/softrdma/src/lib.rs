@@ -66,6 +66,35 @@ pub use softrdma_proto::qp::{
 };
 pub use softrdma_proto::{Lkey, Psn, Qkey, Qpn, Rkey};
 
+/// The environment variable that turns on softrdma's log (an `EnvFilter` string, e.g.
+/// `SOFTRDMA_LOG=debug` or `SOFTRDMA_LOG=softrdma_proto=debug`): QP state changes, NAKs
+/// sent and received with their reasons, failed work requests, ACK timeouts, and packets
+/// dropped with their cause, each with the QPN and the peer, on standard error. Off, it
+/// costs one relaxed load per event site. A program that installs its own `tracing`
+/// subscriber gets the same events through it, whatever this variable says.
+pub const LOG_ENV: &str = "SOFTRDMA_LOG";
+
+/// Installs the stderr log `SOFTRDMA_LOG` asks for, once per process (not if the program
+/// installed a subscriber of its own).
+pub(crate) fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Ok(spec) = std::env::var(LOG_ENV) else { return };
+        let filter = match tracing_subscriber::EnvFilter::try_new(&spec) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("softrdma: {LOG_ENV}={spec:?} is not a valid filter ({e}); logging off");
+                return;
+            }
+        };
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_target(true)
+            .try_init();
+    });
+}
+
 /// 64 unpredictable bits: the standard library's hash of nothing under a fresh random key
 /// (drawn from the operating system once per thread, then stepped), for starting PSNs, QPN
 /// and CM keys. Not for long-term secrets.
@@ -73,3 +102,9 @@ pub(crate) fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     std::collections::hash_map::RandomState::new().build_hasher().finish()
 }
+
+/// The README's Rust examples, compiled (and, but for those that need a remote peer, run)
+/// by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeExamples;

@@ -17,6 +17,7 @@ impl QueuePair {
         let psn = pkt.bth().psn();
         // A response can only be for something sent and not yet acknowledged.
         if !self.req.outstanding(psn) {
+            tracing::debug!(psn = psn.get(), "dropped: response for a PSN not outstanding");
             self.stats.dropped += 1;
             return;
         }
@@ -27,6 +28,7 @@ impl QueuePair {
                     self.on_ack(now, psn);
                 }
                 Some(Ok(AethSyndrome::Nak(NakCode::PsnSequenceError))) => {
+                    tracing::debug!(psn = psn.get(), "sequence NAK received: going back");
                     self.stats.seq_naks_received += 1;
                     if !self.on_ack(now, psn - 1) && self.req.go_back_guard != Some(psn) {
                         self.req.go_back_guard = Some(psn);
@@ -34,6 +36,11 @@ impl QueuePair {
                     }
                 }
                 Some(Ok(AethSyndrome::RnrNak { timer })) => {
+                    tracing::debug!(
+                        psn = psn.get(),
+                        timer,
+                        "RNR NAK received: the peer has no receive posted"
+                    );
                     self.stats.rnr_naks_received += 1;
                     if self.on_ack(now, psn - 1) {
                         return;
@@ -50,6 +57,7 @@ impl QueuePair {
                     self.req.rnr_until = Some(now + Duration::from_micros(u64::from(rnr_timer_us(timer))));
                 }
                 Some(Ok(AethSyndrome::Nak(code))) => {
+                    tracing::warn!(psn = psn.get(), nak = %code, "NAK received");
                     self.on_ack(now, psn - 1);
                     let status = match code {
                         NakCode::InvalidRequest => WcStatus::RemInvReqErr,

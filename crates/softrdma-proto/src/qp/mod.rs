@@ -436,6 +436,9 @@ impl QueuePair {
             QpState::Error => self.enter_error(),
             _ => {}
         }
+        if self.state != to {
+            tracing::debug!(qpn = %format_args!("{:#08x}", self.qpn.get()), from = ?self.state, to = ?to, "QP state");
+        }
         self.state = to;
         Ok(())
     }
@@ -612,6 +615,8 @@ impl QueuePair {
             QpType::Uc => op.transport() == crate::wire::Transport::Uc,
             QpType::Ud => op.transport() == crate::wire::Transport::Ud,
         };
+        let _span =
+            tracing::debug_span!("qp", qpn = %format_args!("{:#08x}", self.qpn.get()), peer = %src).entered();
         let connected = self.cfg.qp_type != QpType::Ud;
         let state_ok = matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe);
         // A connected QP takes packets from its peer's IP address, and from one UDP port:
@@ -622,12 +627,21 @@ impl QueuePair {
         // A blind attacker who spoofs the peer's address must then also guess the port.
         let from_peer = self.remote.is_some_and(|r| r.ip() == src.ip());
         if !transport_ok || !state_ok || (connected && !from_peer) {
+            let cause = if !transport_ok {
+                "another transport's opcode"
+            } else if !state_ok {
+                "QP not ready to receive"
+            } else {
+                "not from the peer's address"
+            };
+            tracing::debug!(state = ?self.state, opcode = %op, cause, "dropped");
             self.stats.dropped += 1;
             return;
         }
         if connected {
             match self.peer_port {
                 Some(port) if port != src.port() => {
+                    tracing::debug!(latched = port, "dropped: not from the peer's UDP port");
                     self.stats.dropped += 1;
                     self.stats.wrong_port += 1;
                     return;
@@ -698,6 +712,9 @@ impl QueuePair {
 
     /// Moves to ERROR: every WQE still queued completes with WR_FLUSH_ERR, in order.
     fn enter_error(&mut self) {
+        if self.state != QpState::Error {
+            tracing::info!(qpn = %format_args!("{:#08x}", self.qpn.get()), from = ?self.state, "QP to ERROR");
+        }
         self.state = QpState::Error;
         while let Some(w) = self.sq.pop_front() {
             let status = w.done.unwrap_or(WcStatus::WrFlushErr);
@@ -721,6 +738,8 @@ impl QueuePair {
 
     /// Fails the send WQE at the front with `status` and moves the QP to ERROR.
     fn fail_front(&mut self, status: WcStatus) {
+        let wr_id = self.sq.front().map(|w| w.wr_id);
+        tracing::warn!(qpn = %format_args!("{:#08x}", self.qpn.get()), wr_id, %status, "work request failed");
         if let Some(w) = self.sq.front_mut() {
             w.done = Some(status);
         }

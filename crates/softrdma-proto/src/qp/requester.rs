@@ -352,6 +352,12 @@ impl QueuePair {
             return;
         }
         self.stats.timeouts += 1;
+        tracing::debug!(
+            qpn = %format_args!("{:#08x}", self.qpn.get()),
+            from = self.req.acked_psn.get().wrapping_add(1) & crate::MASK_24,
+            retries_left = self.req.retry_left,
+            "ACK timeout: going back"
+        );
         if self.req.retry_left == 0 {
             self.fail_front(WcStatus::RetryExcErr);
             return;

@@ -104,6 +104,7 @@ enum Fault {
 
 impl From<MemError> for Fault {
     fn from(e: MemError) -> Fault {
+        tracing::debug!(reason = %e, "memory access refused");
         match e {
             MemError::Misaligned => Fault::Fatal(NakCode::InvalidRequest),
             _ => Fault::Fatal(NakCode::RemoteAccessError),
@@ -139,6 +140,11 @@ impl QueuePair {
         let d = psn.distance(self.resp.epsn);
         if d > 0 {
             if !self.resp.nak_sent {
+                tracing::debug!(
+                    psn = psn.get(),
+                    expected = self.resp.epsn.get(),
+                    "PSN ahead: sequence NAK sent"
+                );
                 self.resp.nak_sent = true;
                 self.stats.seq_naks_sent += 1;
                 let epsn = self.resp.epsn;
@@ -157,6 +163,7 @@ impl QueuePair {
         match self.execute(src, pkt, mem, srq) {
             Ok(()) => self.resp.nak_sent = false,
             Err(Fault::Rnr) => {
+                tracing::debug!(psn = psn.get(), "no receive posted: RNR NAK sent");
                 self.stats.rnr_naks_sent += 1;
                 let syndrome = AethSyndrome::RnrNak { timer: self.min_rnr_timer };
                 self.resp.tx.push_back(Answer::Ack { psn, syndrome });
@@ -167,6 +174,7 @@ impl QueuePair {
 
     /// NAKs `psn` with `code` and fails the QP; the NAK still goes out.
     fn responder_fatal(&mut self, psn: Psn, code: NakCode) {
+        tracing::warn!(psn = psn.get(), nak = %code, "NAK sent; the QP goes to ERROR");
         if let Current::Send { wqe, .. } = std::mem::replace(&mut self.resp.cur, Current::None) {
             let status =
                 if code == NakCode::InvalidRequest { WcStatus::LocLenErr } else { WcStatus::LocProtErr };

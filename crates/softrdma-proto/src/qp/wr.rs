@@ -141,24 +141,75 @@ pub struct RecvWr {
     pub sg_list: Vec<Sge>,
 }
 
-/// The status of a work completion (`ibv_wc_status`).
+/// The status of a work completion (`ibv_wc_status`; the values are verbs').
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(missing_docs)]
 pub enum WcStatus {
+    /// The work request completed.
     Success = 0,
+    /// A receive buffer was too small for the message, or a message too long for the
+    /// port (the responder NAKs invalid request).
     LocLenErr = 1,
+    /// A local QP error: the work request could not be carried out (e.g. a UD message
+    /// longer than the MTU).
     LocQpOpErr = 2,
+    /// A local protection error: an lkey that does not exist, of another PD, without
+    /// LOCAL_WRITE where data lands, or out of its region's bounds.
     LocProtErr = 4,
+    /// The QP went to ERROR before this work request completed; nothing is known of it.
     WrFlushErr = 5,
+    /// A response the requester cannot take (wrong size, a NAK in a READ response's place).
     BadRespErr = 7,
+    /// A local access error (a SEND_WITH_INVALIDATE that could not invalidate).
     LocAccessErr = 8,
+    /// The peer NAKed invalid request: an opcode its QP does not allow (no remote rights on
+    /// the QP), a misaligned atomic, a message longer than its receive buffer.
     RemInvReqErr = 9,
+    /// The peer NAKed remote access error: an R_Key that does not exist, of another PD,
+    /// without the right, or a range out of the region's bounds.
     RemAccessErr = 10,
+    /// The peer NAKed remote operational error: it could not carry out a valid request.
     RemOpErr = 11,
+    /// No ACK came after `retry_cnt` retransmissions: the peer is gone or unreachable.
     RetryExcErr = 12,
+    /// The peer answered receiver-not-ready `rnr_retry` times: it posts no receives.
     RnrRetryExcErr = 13,
+    /// The peer NAKed invalid RD request (more READs or atomics than it allows).
     RemInvRdReqErr = 15,
+    /// Anything else.
     GeneralErr = 21,
+}
+
+impl WcStatus {
+    /// Whether the work request completed.
+    pub const fn is_success(self) -> bool {
+        matches!(self, WcStatus::Success)
+    }
+
+    /// What `ibv_wc_status_str` prints for it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WcStatus::Success => "success",
+            WcStatus::LocLenErr => "local length error",
+            WcStatus::LocQpOpErr => "local QP operation error",
+            WcStatus::LocProtErr => "local protection error",
+            WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::BadRespErr => "bad response error",
+            WcStatus::LocAccessErr => "local access error",
+            WcStatus::RemInvReqErr => "remote invalid request error",
+            WcStatus::RemAccessErr => "remote access error",
+            WcStatus::RemOpErr => "remote operation error",
+            WcStatus::RetryExcErr => "transport retry counter exceeded",
+            WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
+            WcStatus::RemInvRdReqErr => "remote invalid RD request",
+            WcStatus::GeneralErr => "general error",
+        }
+    }
+}
+
+impl std::fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The opcode of a work completion (`ibv_wc_opcode`).

@@ -68,6 +68,19 @@ pub enum NakCode {
     Reserved(u8),
 }
 
+impl core::fmt::Display for NakCode {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            NakCode::PsnSequenceError => f.write_str("PSN sequence error"),
+            NakCode::InvalidRequest => f.write_str("invalid request"),
+            NakCode::RemoteAccessError => f.write_str("remote access error"),
+            NakCode::RemoteOperationalError => f.write_str("remote operational error"),
+            NakCode::InvalidRdRequest => f.write_str("invalid RD request"),
+            NakCode::Reserved(c) => write!(f, "reserved NAK code {c}"),
+        }
+    }
+}
+
 impl NakCode {
     /// The 5-bit value.
     pub const fn code(self) -> u8 {

@@ -1,0 +1,85 @@
+//! `SOFTRDMA_LOG`: a process that does a WRITE with a wrong R_Key logs, on standard error,
+//! the responder's refusal and its reason, the NAK on both sides and the failed work
+//! request, each with its QPN. The process is this test binary run again, so that the log
+//! (installed once per process) starts from nothing.
+
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use softrdma::{
+    Access, ConnectOptions, Context, QpBuilder, Rkey, SendFlags, SendOp, SendWr, WcStatus, LOG_ENV,
+};
+
+#[test]
+fn the_log_names_a_nak_and_its_reason() {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args(["--exact", "bad_write_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(LOG_ENV, "debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut s).unwrap();
+        s
+    });
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the child did not finish in 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = reader.join().unwrap();
+    assert!(status.success(), "child failed: {log}");
+    for want in [
+        "memory access refused reason=no memory region with this key",
+        "NAK sent; the QP goes to ERROR",
+        "nak=remote access error",
+        "NAK received",
+        "work request failed",
+        "status=remote access error",
+        "QP to ERROR",
+        "qpn=0x",
+    ] {
+        assert!(log.contains(want), "{want:?} is not in the log:\n{log}");
+    }
+}
+
+/// The process the test above runs: one WRITE with an R_Key one off the real one.
+#[test]
+#[ignore = "run by the_log_names_a_nak_and_its_reason, in a process of its own"]
+fn bad_write_child() {
+    let open = |ip: [u8; 4]| Context::open_port(IpAddr::from(ip), 0).unwrap();
+    let (ca, cb) = (open([127, 0, 8, 2]), open([127, 0, 8, 3]));
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let (cqa, cqb) = (ca.create_cq(16, None).unwrap(), cb.create_cq(16, None).unwrap());
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let qa = pa.prepare_qp(&QpBuilder::rc().access(all), &cqa, &cqa).unwrap();
+    let qb = pb.prepare_qp(&QpBuilder::rc().access(all), &cqb, &cqb).unwrap();
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
+    let _qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
+    let src = pa.register(64, Access::NONE).unwrap();
+    let dst = pb.register(64, all).unwrap();
+    let r = dst.remote();
+    qa.post_send(SendWr {
+        wr_id: 7,
+        op: SendOp::Write { remote_addr: r.addr, rkey: Rkey(r.rkey ^ 1) },
+        sg_list: vec![src.sge(0, 64).unwrap()],
+        flags: SendFlags { signaled: true, ..Default::default() },
+        ud: None,
+    })
+    .unwrap();
+    let wc = cqa.wait_one_timeout(Duration::from_secs(20)).expect("a completion");
+    assert_eq!(wc.status, WcStatus::RemAccessErr);
+    assert_eq!(wc.status.to_string(), "remote access error");
+}
