@@ -24,6 +24,11 @@ pub struct DecodeArgs {
     /// One JSON object per line (packets, then a summary) instead of text.
     #[arg(long)]
     pub json: bool,
+    /// The UDP port RoCEv2 traffic goes to (repeat for several): 4791 unless given; a
+    /// process's `SOFTRDMA_PORT`, or the ports of contexts opened on port 0, which a
+    /// `SOFTRDMA_PCAP` capture holds.
+    #[arg(long = "udp-port", value_name = "PORT")]
+    pub udp_ports: Vec<u16>,
 }
 
 /// Counts over all files.
@@ -91,7 +96,7 @@ pub fn run(args: &DecodeArgs) -> i32 {
         }
         let result = capture::read_frames(file, |frame| {
             out.clear();
-            decode_frame(&name, &frame, args.json, &mut summary, &mut out);
+            decode_frame(&name, &frame, args, &mut summary, &mut out);
             if !out.is_empty() {
                 println!("{out}");
             }
@@ -123,14 +128,22 @@ pub fn run(args: &DecodeArgs) -> i32 {
     }
 }
 
-fn decode_frame(file: &str, frame: &capture::Frame<'_>, json: bool, s: &mut Summary, out: &mut String) {
+fn decode_frame(
+    file: &str,
+    frame: &capture::Frame<'_>,
+    args: &DecodeArgs,
+    s: &mut Summary,
+    out: &mut String,
+) {
+    let json = args.json;
+    let ports: &[u16] = if args.udp_ports.is_empty() { &[ROCEV2_PORT] } else { &args.udp_ports };
     let L3::Ip(ip_bytes) = capture::network_layer(frame) else {
         s.other += 1;
         return;
     };
     let dgram = match ip::parse_ip_udp(ip_bytes) {
         Ok(ip::IpContent::Udp(d)) => d,
-        Err(wire::Error::Truncated { .. }) if cut_short_roce(ip_bytes) => {
+        Err(wire::Error::Truncated { .. }) if cut_short_roce(ip_bytes, ports) => {
             // The capture kept only part of a RoCEv2 packet (snap length): it cannot be
             // checked, and skipping it silently would hide it.
             s.packets += 1;
@@ -148,7 +161,7 @@ fn decode_frame(file: &str, frame: &capture::Frame<'_>, json: bool, s: &mut Summ
             return;
         }
     };
-    if dgram.udp.dst_port != ROCEV2_PORT {
+    if !ports.contains(&dgram.udp.dst_port) {
         s.other += 1;
         return;
     }
@@ -213,14 +226,14 @@ fn decode_frame(file: &str, frame: &capture::Frame<'_>, json: bool, s: &mut Summ
 
 const SNAPPED: &str = "RoCEv2 packet cut short by the capture (snap length)";
 
-/// Whether a truncated IP packet is visibly a UDP datagram to the RoCEv2 port.
-fn cut_short_roce(b: &[u8]) -> bool {
+/// Whether a truncated IP packet is visibly a UDP datagram to a RoCEv2 port.
+fn cut_short_roce(b: &[u8], ports: &[u16]) -> bool {
     let port_at = match b.first().map(|v| v >> 4) {
         Some(4) if b.len() >= 20 && b[9] == ip::PROTO_UDP => usize::from(b[0] & 0xF) * 4 + 2,
         Some(6) if b.len() >= 40 && b[6] == ip::PROTO_UDP => 42,
         _ => return false,
     };
-    b.get(port_at..port_at + 2) == Some(&ROCEV2_PORT.to_be_bytes()[..])
+    b.get(port_at..port_at + 2).is_some_and(|p| ports.contains(&u16::from_be_bytes([p[0], p[1]])))
 }
 
 /// The CM message type of a MAD on QP1, if this is one.

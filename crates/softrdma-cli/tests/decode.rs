@@ -461,3 +461,34 @@ fn dev_zero_and_absurd_record_lengths_are_refused_at_once() {
         assert!(rss_kib < 48 << 10, "{name}: {rss_kib} KiB");
     }
 }
+
+/// `SOFTRDMA_PCAP=DIR/%p.pcapng`: a `perf --local` run (two processes) writes one capture
+/// per process, which `softrdma decode` reads back: the WRITEs and their ACKs, every ICRC
+/// right, from the client's and from the server's side.
+#[test]
+fn softrdma_pcap_captures_decode_with_good_icrcs() {
+    let dir = std::env::temp_dir().join(format!("softrdma-pcap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = (20_000 + std::process::id() % 20_000).to_string();
+    let run = output(
+        softrdma(["perf", "write_bw", "--local", "-s", "4096", "-n", "50", "-p", &port])
+            .env("SOFTRDMA_PCAP", dir.join("%p.pcapng"))
+            .env_remove("SOFTRDMA_PORT"),
+        Duration::from_secs(60),
+    );
+    assert!(run.status.success(), "{}", common::text(&run));
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 2, "one capture per process: {files:?}");
+    for f in &files {
+        let d = output(&mut softrdma(["decode".as_ref(), f.as_os_str()]), Duration::from_secs(30));
+        let text = common::text(&d);
+        assert!(d.status.success(), "{text}");
+        assert!(text.contains("RDMA_WRITE_ONLY") && text.contains("ACKNOWLEDGE"), "{text}");
+        let summary = text.lines().rev().find(|l| l.contains("icrc-ok")).unwrap();
+        assert!(
+            summary.contains("0 icrc-bad, 0 malformed") && !summary.starts_with("0 packets"),
+            "{summary}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

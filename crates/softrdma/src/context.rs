@@ -134,6 +134,21 @@ impl Context {
         self.inner.engine.async_fd()
     }
 
+    /// Writes every RoCEv2 datagram this device sends and receives from now on to a new
+    /// pcapng file at `path`, stopping at `max_bytes` (what `SOFTRDMA_PCAP` does for every
+    /// device of the process; see the README's "Debugging").
+    pub fn capture_to(&self, path: impl AsRef<std::path::Path>, max_bytes: u64) -> crate::Result<()> {
+        let c = crate::capture::Capture::create(path.as_ref(), max_bytes)?;
+        self.inner.engine.set_capture(Some(std::sync::Arc::new(std::sync::Mutex::new(c))));
+        Ok(())
+    }
+
+    /// Stops [`Self::capture_to`]'s capture (and `SOFTRDMA_PCAP`'s, for this device), and
+    /// closes the file once no device writes to it.
+    pub fn stop_capture(&self) {
+        self.inner.engine.set_capture(None);
+    }
+
     /// Socket-level counters (batches, GSO and GRO trains).
     pub fn io_stats(&self) -> crate::engine::IoStats {
         self.inner.engine.io_stats()

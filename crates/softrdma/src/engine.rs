@@ -163,6 +163,8 @@ struct Core {
     cm_listeners: HashMap<u64, Weak<dyn CmSink>>,
     /// CM events to hand to their IDs once the lock is released.
     cm_out: Vec<(Weak<dyn CmSink>, CmEvent, bool)>,
+    /// Where every datagram sent and received is written, if capturing.
+    capture: Option<crate::capture::SharedCapture>,
 }
 
 /// One opened device, shared by all its objects and its progress thread.
@@ -240,6 +242,7 @@ impl Engine {
             cm_routes: HashMap::new(),
             cm_listeners: HashMap::new(),
             cm_out: Vec::new(),
+            capture: crate::capture::from_env(),
         };
         Ok(Engine {
             core: Mutex::new(core),
@@ -421,6 +424,11 @@ impl Engine {
             return Err(Error::Limit("max_mr"));
         }
         core.mem.register(pd, len, access)
+    }
+
+    /// Writes every datagram from now on to `capture` (or stops, with `None`).
+    pub(crate) fn set_capture(&self, capture: Option<crate::capture::SharedCapture>) {
+        self.lock().capture = capture;
     }
 
     /// Registers a caller's range.
@@ -794,8 +802,12 @@ impl Engine {
     fn progress(&self, core: &mut Core) {
         let now = self.now();
         for _ in 0..8 {
-            let Core { endpoint, mem, link, .. } = &mut *core;
+            let Core { endpoint, mem, link, capture, .. } = &mut *core;
+            let mut cap = capture.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()));
             let got = link.recv(&mut |meta, bytes| {
+                if let Some(c) = cap.as_mut() {
+                    c.packet(meta.src, meta.dst, meta.tos, bytes);
+                }
                 endpoint.handle_datagram(
                     now,
                     Arrival { src: meta.src, dst: meta.dst, tos: meta.tos },
@@ -804,6 +816,10 @@ impl Engine {
                 )
             });
             if got.datagrams > 0 {
+                // Written through at once: a process may end without dropping the capture.
+                if let Some(c) = cap.as_mut() {
+                    c.flush();
+                }
                 self.io.recv_calls.fetch_add(1, Ordering::Relaxed);
                 self.io.packets_received.fetch_add(got.packets, Ordering::Relaxed);
                 self.io.gro_trains.fetch_add(got.trains, Ordering::Relaxed);
@@ -827,7 +843,7 @@ impl Engine {
             self.cm_pump(core);
         }
         loop {
-            let Core { endpoint, mem, slots, out: msgs, link, .. } = &mut *core;
+            let Core { endpoint, mem, slots, out: msgs, link, capture, .. } = &mut *core;
             let gso = link.gso();
             msgs.clear();
             // ((destination, TOS), segment size, segments, bytes, still open) of the last
@@ -878,6 +894,19 @@ impl Engine {
             }
             if msgs.is_empty() {
                 break;
+            }
+            if let Some(c) = capture.as_ref() {
+                let mut c = c.lock().unwrap_or_else(|p| p.into_inner());
+                for m in msgs.iter() {
+                    // SAFETY: as for the send below: every iovec points into `slots` or a
+                    // region resolved under the engine lock, which we hold.
+                    let bytes = unsafe { m.gather() };
+                    let seg = m.gso.map_or(bytes.len(), usize::from).max(1);
+                    for d in bytes.chunks(seg) {
+                        c.packet(m.src, m.to, m.tos, d);
+                    }
+                }
+                c.flush();
             }
             let trains = msgs.iter().filter(|m| m.gso.is_some()).count() as u64;
             // SAFETY: every iovec points into `slots` or into a registered region resolved

@@ -30,6 +30,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod ah;
+mod capture;
 pub mod cm;
 mod context;
 mod cq;
@@ -43,6 +44,7 @@ mod qp;
 mod sys;
 
 pub use ah::{AddressHandle, AhAttr};
+pub use capture::{PCAP_ENV, PCAP_MAX_ENV};
 pub use context::Context;
 pub use cq::{completion_clock_ns, CompletionChannel, CompletionQueue, CqOptions, NextCompletion, EMPTY_WC};
 pub use device::{

@@ -198,6 +198,26 @@ pub(crate) struct OutMsg {
 // made under the engine lock; holding them across threads is harmless.
 unsafe impl Send for OutMsg {}
 
+impl OutMsg {
+    /// The datagram's bytes (a GSO train's, back to back), gathered from its iovecs.
+    ///
+    /// # Safety
+    ///
+    /// Every iovec must point to memory readable for its length, as for a send.
+    pub(crate) unsafe fn gather(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.iov.iter().map(|v| v.iov_len).sum());
+        for v in &self.iov {
+            if v.iov_len > 0 {
+                // SAFETY: the caller's contract.
+                out.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len)
+                });
+            }
+        }
+        out
+    }
+}
+
 impl std::fmt::Debug for OutMsg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OutMsg").field("pieces", &self.iov.len()).field("gso", &self.gso).finish()
