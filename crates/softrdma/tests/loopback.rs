@@ -246,24 +246,28 @@ fn event_mode_wakes_on_the_completion_channel() {
     assert_eq!(cq.id(), cqb.id());
     ch.ack_events(1);
     assert_eq!(cqb.poll_one().map(|w| w.wr_id), Some(1));
-    // Disarmed after one event: a second completion brings no event without another
-    // req_notify; after one, a third does. The sender's completion proves the receive
-    // completed (the ACK leaves after it), without polling it (which would hide an event).
+    // Disarmed after one event: more completions bring no event without another
+    // req_notify; after one, the next does. Two SENDs, and the sender's completion of the
+    // second proves the first's receive completion was delivered (the receiver handled the
+    // second SEND after delivering the first), without polling it (which would hide an event).
     let send = |id| send8(&qa, &mra, id);
-    for id in [3, 4] {
+    for id in [3, 4, 41] {
         qb_recv(&_qb, &mrb, id);
     }
     assert_eq!(wait(&cqa).wr_id, 2);
     send(5);
     assert_eq!(wait(&cqa).wr_id, 5);
+    send(55);
+    assert_eq!(wait(&cqa).wr_id, 55);
     assert!(ch.try_get_event().is_none(), "an event without req_notify");
-    assert_eq!(cqb.poll_one().map(|w| w.wr_id), Some(3));
+    assert_eq!(wait(&cqb).wr_id, 3);
+    assert_eq!(wait(&cqb).wr_id, 4);
     cqb.req_notify(false).unwrap();
     send(6);
     let cq = ch.get_event_timeout(Duration::from_secs(20)).unwrap().expect("an event after req_notify");
     assert_eq!(cq.id(), cqb.id());
     ch.ack_events(1);
-    assert_eq!(cqb.poll_one().map(|w| w.wr_id), Some(4));
+    assert_eq!(cqb.poll_one().map(|w| w.wr_id), Some(41));
 }
 
 /// A signaled 8-byte SEND from the start of `mr`.
