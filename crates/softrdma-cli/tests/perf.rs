@@ -340,3 +340,12 @@ fn local_fails_at_once_with_the_servers_own_error() {
     assert!(err.contains("server failed: ") && err.contains("in use"), "{err}");
     assert!(!err.contains("cannot reach"), "{err}");
 }
+
+/// `-Q` sets the CQ moderation perftest prints (and the client signals by), `-u` the QPs'
+/// ACK timeout; both reach the server `--local` starts.
+#[test]
+fn cq_moderation_and_qp_timeout_are_perftests() {
+    let out = run(&["write_bw", "-n", "500", "-s", "4096", "-Q", "7", "-u", "16"]);
+    assert!(out.contains(" CQ Moderation   : 7"), "{out}");
+    assert!(out.lines().any(|l| l.trim_start().starts_with("4096 ")), "{out}");
+}

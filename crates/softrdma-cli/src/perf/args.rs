@@ -93,8 +93,9 @@ pub struct PerfArgs {
     /// IB port (only port 1 exists).
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     pub ib_port: u8,
-    /// Message size (at most 2^31 bytes, RDMA's largest message).
-    #[arg(short = 's', long, default_value_t = 0)]
+    /// Message size (default: 65536 for the bandwidth tests, 2 for the latency tests, 8 for
+    /// atomics; at most 2^31 bytes, RDMA's largest message).
+    #[arg(short = 's', long, default_value_t = 0, hide_default_value = true)]
     pub size: usize,
     /// Iterations (default: 5000 for BW tests, 1000 for latency tests; at most 10^9 for BW
     /// tests and 10^8 for latency tests, which keep every sample).
@@ -103,8 +104,8 @@ pub struct PerfArgs {
     /// All sizes from 2 to 2^23.
     #[arg(short = 'a', long)]
     pub all: bool,
-    /// Run each size for this long instead of -n iterations (BW tests): seconds, or a
-    /// number with a unit (ms, s, m, h).
+    /// Run each size for this long instead of -n iterations (bandwidth tests only): seconds,
+    /// or a number with a unit (ms, s, m, h).
     #[arg(short = 'D', long, value_parser = limits::duration)]
     pub duration: Option<Duration>,
     /// TCP port of the exchange.
@@ -129,6 +130,14 @@ pub struct PerfArgs {
     /// Operations in flight (BW tests).
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     pub tx_depth: u32,
+    /// Signal every this many send work requests (bandwidth tests; perftest's CQ
+    /// moderation, default 100; lowered to -t when that is smaller).
+    #[arg(short = 'Q', long = "cq-mod")]
+    pub cq_mod: Option<u32>,
+    /// Local ACK timeout exponent of the QPs: 4.096 us x 2^N, N from 0 to 31 (default 14,
+    /// 67 ms, as perftest).
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14)]
+    pub qp_timeout: u8,
     /// Receives posted (send tests).
     #[arg(short = 'r', long = "rx-depth", default_value_t = 512)]
     pub rx_depth: u32,
@@ -158,6 +167,49 @@ pub struct PerfArgs {
     /// over an RC connection on rdma_cm port -p, and the QPs are connected by the CM.
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
+    /// perftest options softrdma perf does not implement: each is refused with a line that
+    /// names it, never ignored.
+    #[command(flatten)]
+    pub unsupported: Unsupported,
+}
+
+/// perftest's options that `softrdma perf` recognises but does not implement.
+#[derive(Debug, Default, clap::Args)]
+pub struct Unsupported {
+    #[arg(short = 'b', long = "bidirectional", hide = true)]
+    bidirectional: bool,
+    #[arg(long = "report-both", hide = true)]
+    report_both: bool,
+    #[arg(long = "use-srq", hide = true)]
+    use_srq: bool,
+    #[arg(short = 'l', long = "post_list", hide = true)]
+    post_list: Option<u32>,
+    #[arg(long = "run_infinitely", hide = true)]
+    run_infinitely: bool,
+    #[arg(long = "out_json", hide = true)]
+    out_json: bool,
+    #[arg(long = "out_json_file", hide = true)]
+    out_json_file: Option<String>,
+    #[arg(short = 'T', long = "tos", hide = true)]
+    tos: Option<u8>,
+}
+
+impl Unsupported {
+    /// The first option given, with what it would do.
+    fn first(&self) -> Option<&'static str> {
+        [
+            (self.bidirectional, "-b (bidirectional traffic)"),
+            (self.report_both, "--report-both (the server's own figures)"),
+            (self.use_srq, "--use-srq (a shared receive queue)"),
+            (self.post_list.is_some(), "-l/--post_list (several WRs per post)"),
+            (self.run_infinitely, "--run_infinitely"),
+            (self.out_json, "--out_json (use --json)"),
+            (self.out_json_file.is_some(), "--out_json_file (use --json and redirect)"),
+            (self.tos.is_some(), "-T/--tos (a traffic class)"),
+        ]
+        .into_iter()
+        .find_map(|(given, what)| given.then_some(what))
+    }
 }
 
 /// Most queue pairs one run opens (`-q`).
@@ -208,6 +260,18 @@ pub(super) fn check(args: &PerfArgs) -> Result<(), Fail> {
 
 /// The checks that need no device.
 fn check_options(args: &PerfArgs) -> Result<(), Fail> {
+    if let Some(what) = args.unsupported.first() {
+        return Err(format!("{what}: not implemented by softrdma perf"));
+    }
+    if args.duration.is_some() && !args.test.is_bw() {
+        return Err("-D runs the bandwidth tests for a time; the latency tests take -n iterations".into());
+    }
+    if args.cq_mod == Some(0) {
+        return Err("-Q 0: signal at least every 1st work request".into());
+    }
+    if args.qp_timeout > 31 {
+        return Err(format!("-u {}: the ACK timeout exponent is 0 to 31", args.qp_timeout));
+    }
     if args.port == 0 {
         return Err("-p 0: the client must know the port of the exchange".into());
     }
@@ -295,7 +359,7 @@ pub(super) fn mtu(args: &PerfArgs, active: Mtu) -> (Mtu, Option<String>) {
 /// fewer are in flight (perftest lowers its CQ moderation to the TX depth, so that a full
 /// send queue always holds a signaled WR).
 pub(super) fn cq_mod(args: &PerfArgs) -> u64 {
-    CQ_MOD.min(u64::from(args.tx_depth.max(1)))
+    args.cq_mod.map_or(CQ_MOD, u64::from).min(u64::from(args.tx_depth.max(1)))
 }
 
 /// The message sizes to run, given the device's active MTU (which bounds UD messages).
@@ -347,6 +411,10 @@ pub(super) fn server_flags(a: &PerfArgs) -> Vec<String> {
     if let Some(m) = a.mtu {
         v.extend(["-m".into(), m.to_string()]);
     }
+    if let Some(q) = a.cq_mod {
+        v.extend(["-Q".into(), q.to_string()]);
+    }
+    v.extend(["-u".into(), a.qp_timeout.to_string()]);
     for (on, flag) in [(a.all, "-a"), (a.events, "-e"), (a.report_gbits, "--report_gbits"), (a.rdma_cm, "-R")]
     {
         if on {
@@ -383,5 +451,8 @@ pub(super) fn clone_args(a: &PerfArgs) -> PerfArgs {
         json: a.json,
         local: a.local,
         rdma_cm: a.rdma_cm,
+        cq_mod: a.cq_mod,
+        qp_timeout: a.qp_timeout,
+        unsupported: Unsupported::default(),
     }
 }

@@ -192,7 +192,11 @@ impl<'a> Session<'a> {
                 prepared.ready().inspect(|q| q.set_foreign_peer(self.args.foreign))
             } else {
                 let foreign_peer = self.args.foreign;
-                prepared.handshake(remote, &ConnectOptions { mtu, foreign_peer, ..ConnectOptions::default() })
+                let timeout = self.args.qp_timeout;
+                prepared.handshake(
+                    remote,
+                    &ConnectOptions { mtu, foreign_peer, timeout, ..ConnectOptions::default() },
+                )
             }
             .map_err(|e| e.to_string())?;
             self.qps.push(Arc::new(qp));
