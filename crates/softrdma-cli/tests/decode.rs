@@ -470,17 +470,19 @@ fn softrdma_pcap_captures_decode_with_good_icrcs() {
     let dir = std::env::temp_dir().join(format!("softrdma-pcap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let port = (20_000 + std::process::id() % 20_000).to_string();
+    let udp = (port.parse::<u16>().unwrap() + 1).to_string();
     let run = output(
         softrdma(["perf", "write_bw", "--local", "-s", "4096", "-n", "50", "-p", &port])
             .env("SOFTRDMA_PCAP", dir.join("%p.pcapng"))
-            .env_remove("SOFTRDMA_PORT"),
+            .env("SOFTRDMA_PORT", &udp),
         Duration::from_secs(60),
     );
     assert!(run.status.success(), "{}", common::text(&run));
     let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(files.len(), 2, "one capture per process: {files:?}");
     for f in &files {
-        let d = output(&mut softrdma(["decode".as_ref(), f.as_os_str()]), Duration::from_secs(30));
+        let args = ["decode".as_ref(), "--udp-port".as_ref(), udp.as_ref(), f.as_os_str()];
+        let d = output(&mut softrdma(args), Duration::from_secs(30));
         let text = common::text(&d);
         assert!(d.status.success(), "{text}");
         assert!(text.contains("RDMA_WRITE_ONLY") && text.contains("ACKNOWLEDGE"), "{text}");

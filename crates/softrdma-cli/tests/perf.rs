@@ -349,3 +349,31 @@ fn cq_moderation_and_qp_timeout_are_perftests() {
     assert!(out.contains(" CQ Moderation   : 7"), "{out}");
     assert!(out.lines().any(|l| l.trim_start().starts_with("4096 ")), "{out}");
 }
+
+/// Two `--local` runs at once, with no -p and no SOFTRDMA_PORT, pick ports of their own;
+/// `-d ADDR` puts the server on ADDR and the client on the next address.
+#[test]
+fn local_runs_pick_free_ports_and_honour_d() {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let srv = format!("127.0.9.{}", 10 + 2 * n);
+    let cli = format!("127.0.9.{}", 11 + 2 * n);
+    let start = |extra: &[&str]| {
+        let mut cmd = softrdma(["perf", "write_bw", "--local", "-n", "300", "-s", "4096"]);
+        cmd.args(extra).env_remove("SOFTRDMA_PORT");
+        common::Proc::start_piped(&mut cmd, LIMIT)
+    };
+    let (a, b) = (start(&[]), start(&["-d", &srv]));
+    for (name, p) in [("default", a), ("-d", b)] {
+        let out = p.end().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let text = common::text(&out);
+        assert!(out.status.success(), "{name}: {text}");
+        if name == "-d" {
+            let gid = |ip: &str| {
+                let o: Vec<String> =
+                    ip.split('.').map(|x| format!("{:02}", x.parse::<u8>().unwrap())).collect();
+                format!("255:255:{}", o.join(":"))
+            };
+            assert!(text.contains(&gid(&cli)) && text.contains(&gid(&srv)), "{text}");
+        }
+    }
+}

@@ -108,9 +108,9 @@ pub struct PerfArgs {
     /// or a number with a unit (ms, s, m, h).
     #[arg(short = 'D', long, value_parser = limits::duration)]
     pub duration: Option<Duration>,
-    /// TCP port of the exchange.
-    #[arg(short = 'p', long, default_value_t = 18515)]
-    pub port: u16,
+    /// TCP port of the exchange (default 18515; with --local, one that is free).
+    #[arg(short = 'p', long)]
+    pub port: Option<u16>,
     /// Queue pairs (bandwidth tests; each runs -n iterations).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
@@ -194,6 +194,16 @@ pub struct Unsupported {
     tos: Option<u8>,
 }
 
+impl PerfArgs {
+    /// The exchange's TCP port: -p, or perftest's 18515.
+    pub(super) fn tcp_port(&self) -> u16 {
+        self.port.unwrap_or(DEFAULT_PORT)
+    }
+}
+
+/// perftest's default TCP port.
+const DEFAULT_PORT: u16 = 18515;
+
 impl Unsupported {
     /// The first option given, with what it would do.
     fn first(&self) -> Option<&'static str> {
@@ -272,7 +282,7 @@ fn check_options(args: &PerfArgs) -> Result<(), Fail> {
     if args.qp_timeout > 31 {
         return Err(format!("-u {}: the ACK timeout exponent is 0 to 31", args.qp_timeout));
     }
-    if args.port == 0 {
+    if args.port == Some(0) {
         return Err("-p 0: the client must know the port of the exchange".into());
     }
     let most = if args.test.is_bw() { MAX_BW_ITERS } else { MAX_LAT_ITERS };

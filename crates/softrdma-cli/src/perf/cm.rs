@@ -57,7 +57,7 @@ fn device_addr(args: &PerfArgs) -> Result<IpAddr, Fail> {
 /// if given; the server listens on `-d`'s address and `-p`.
 fn addr_info(args: &PerfArgs) -> Result<AddrInfo, Fail> {
     let local = device_addr(args)?;
-    let port = args.port.to_string();
+    let port = args.tcp_port().to_string();
     let hints = match &args.host {
         Some(_) => {
             AddrHints { ipv6: Some(false), src: args.device.as_ref().map(|_| local), ..AddrHints::default() }

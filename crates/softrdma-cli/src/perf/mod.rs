@@ -119,9 +119,27 @@ fn perf(args: &PerfArgs) -> Result<(), Fail> {
 /// fails, the client has nothing to wait for: the process ends at once with the server's
 /// error.
 fn local(args: &PerfArgs) -> Result<(), Fail> {
+    let (srv, cli) = local_addrs(args.device.as_deref())?;
+    // Ports another run may hold: the exchange's TCP port (-p, or a free one) and, unless
+    // SOFTRDMA_PORT says, the devices' UDP port (one the kernel picks, free on both
+    // addresses, so that runs started together do not meet on 4791).
+    let port = match args.port {
+        Some(p) => p,
+        None => free_tcp_port(srv).ok_or("no free TCP port on the server's address")?,
+    };
+    let udp = match std::env::var(softrdma::PORT_ENV) {
+        Ok(p) => p,
+        Err(_) => {
+            let p = free_udp_port(srv, cli).ok_or("no UDP port is free on both loopback addresses")?;
+            // Single-threaded here: no device is open yet.
+            std::env::set_var(softrdma::PORT_ENV, p.to_string());
+            p.to_string()
+        }
+    };
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(exe);
-    cmd.arg("perf").arg(args.test.name()).args(["-d", "127.0.0.2", "-p", &args.port.to_string()]);
+    cmd.arg("perf").arg(args.test.name()).args(["-d", &srv.to_string(), "-p", &port.to_string()]);
+    cmd.env(softrdma::PORT_ENV, &udp);
     cmd.args(args::server_flags(args)).stdout(Stdio::null()).stderr(Stdio::piped());
     let mut server = cmd.spawn().map_err(|e| e.to_string())?;
     let pid = server.id();
@@ -155,10 +173,11 @@ fn local(args: &PerfArgs) -> Result<(), Fail> {
     });
     let client = PerfArgs {
         local: false,
-        device: Some("127.0.0.3".into()),
+        device: Some(cli.to_string()),
         // The server's device address: the exchange's listener and the connection manager
         // (-R) are there.
-        host: Some("127.0.0.2".into()),
+        host: Some(srv.to_string()),
+        port: Some(port),
         ..args::clone_args(args)
     };
     let r = perf(&client);
@@ -177,6 +196,37 @@ fn local(args: &PerfArgs) -> Result<(), Fail> {
         return Err(format!("server failed: {err}"));
     }
     r
+}
+
+/// The server's and the client's addresses of a `--local` run: 127.0.0.2 and .3, or with
+/// `-d ADDR` (an IPv4 loopback address) ADDR and the next address.
+fn local_addrs(device: Option<&str>) -> Result<(std::net::Ipv4Addr, std::net::Ipv4Addr), Fail> {
+    let srv = match device {
+        None => std::net::Ipv4Addr::new(127, 0, 0, 2),
+        Some(d) => match d.parse::<std::net::Ipv4Addr>() {
+            Ok(a) if a.is_loopback() && a.octets()[3] < 254 => a,
+            _ => return Err(format!(
+                "--local -d {d}: takes an IPv4 loopback address (the server's; the client takes the next)"
+            )),
+        },
+    };
+    let [a, b, c, d] = srv.octets();
+    Ok((srv, std::net::Ipv4Addr::new(a, b, c, d + 1)))
+}
+
+/// A TCP port free at `ip`, picked by the kernel.
+fn free_tcp_port(ip: std::net::Ipv4Addr) -> Option<u16> {
+    std::net::TcpListener::bind((ip, 0)).and_then(|l| l.local_addr()).ok().map(|a| a.port())
+}
+
+/// A UDP port free on both addresses, picked by the kernel.
+fn free_udp_port(a: std::net::Ipv4Addr, b: std::net::Ipv4Addr) -> Option<u16> {
+    let free =
+        |p: u16| std::net::UdpSocket::bind((a, p)).is_ok() && std::net::UdpSocket::bind((b, p)).is_ok();
+    (0..32).find_map(|_| {
+        let p = std::net::UdpSocket::bind((a, 0)).ok()?.local_addr().ok()?.port();
+        free(p).then_some(p)
+    })
 }
 
 /// What is kept of the server's stderr.

@@ -84,12 +84,12 @@ impl Session<'_> {
             (Some(c), _) => Ctrl::Cm(Box::new(c)),
             (None, Some(host)) => {
                 announce(args);
-                let s = exchange::connect(host, args.port, Duration::from_secs(15))?;
+                let s = exchange::connect(host, args.tcp_port(), Duration::from_secs(15))?;
                 Ctrl::Tcp(Bounded::new(s, exchange::SERVER_TIMEOUT))
             }
             (None, None) => {
                 announce(args);
-                let listener = exchange::Listener::bind(listen_addr(args), args.port)?;
+                let listener = exchange::Listener::bind(listen_addr(args), args.tcp_port())?;
                 return listener.serve("softrdma perf", |s| {
                     let mut ctrl = Ctrl::Tcp(s);
                     let mtu = self.greet(&mut ctrl).map_err(ClientError::Dropped)?;
