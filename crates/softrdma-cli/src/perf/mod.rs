@@ -205,9 +205,11 @@ fn local_addrs(device: Option<&str>) -> Result<(std::net::Ipv4Addr, std::net::Ip
         None => std::net::Ipv4Addr::new(127, 0, 0, 2),
         Some(d) => match d.parse::<std::net::Ipv4Addr>() {
             Ok(a) if a.is_loopback() && a.octets()[3] < 254 => a,
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "--local -d {d}: takes an IPv4 loopback address (the server's; the client takes the next)"
-            )),
+            ))
+            }
         },
     };
     let [a, b, c, d] = srv.octets();
