@@ -14,6 +14,7 @@ mod memserver;
 mod perf;
 mod pingpong;
 mod relay;
+mod res;
 mod rping;
 mod sim;
 mod soak;
@@ -106,6 +107,9 @@ enum Command {
     Stat(status::StatArgs),
     /// Show which interface each device is on (like ibdev2netdev).
     Link(status::LinkArgs),
+    /// Show the devices, QPs and memory regions of running softrdma processes (like rdma
+    /// res show).
+    Res(res::ResArgs),
     /// Run an unmodified RDMA program (ibv_rc_pingpong, ib_write_bw, ...) on softrdma.
     ///
     /// Puts softrdma's drop-in libibverbs.so.1 on the program's library path and gives it
@@ -138,6 +142,7 @@ fn main() {
         Command::Devices(args) => status::devices(&args),
         Command::Devinfo(args) => status::devinfo(&args),
         Command::Stat(args) => status::stat(&args),
+        Command::Res(args) => res::run(&args),
         Command::Link(args) => status::link(&args),
         Command::Exec(args) => exec::run(&args),
     };

@@ -385,6 +385,7 @@ impl ContextInner {
     /// Starts the engine's progress thread.
     pub(crate) fn start(engine: Engine, device: Device) -> Result<ContextInner> {
         let engine = Arc::new(engine);
+        crate::introspect::register(&engine, &device.name);
         let runner = engine.clone();
         let thread = std::thread::Builder::new()
             .name(format!("softrdma-{}", device.name))

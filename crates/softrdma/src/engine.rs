@@ -426,6 +426,47 @@ impl Engine {
         core.mem.register(pd, len, access)
     }
 
+    /// What `softrdma res` shows of this device, named `name`.
+    pub(crate) fn resources(&self, name: &str) -> crate::introspect::DeviceRes {
+        let core = self.lock();
+        let qps = core
+            .endpoint
+            .qps()
+            .map(|q| {
+                let a = q.attr();
+                let s = q.stats();
+                crate::introspect::QpRes {
+                    qpn: q.qpn().get(),
+                    r#type: format!("{:?}", q.qp_type()).to_uppercase(),
+                    state: format!("{:?}", q.state()).to_uppercase(),
+                    peer: q.remote().map(|r| r.to_string()),
+                    dest_qpn: a.dest_qpn.map(|d| d.get()),
+                    sq_psn: a.sq_psn.map(|p| p.get()),
+                    rq_psn: a.rq_psn.map(|p| p.get()),
+                    send_queue: q.send_queue_len(),
+                    recv_queue: q.recv_queue_len(),
+                    packets_sent: s.packets_sent,
+                    retransmits: s.retransmits,
+                    timeouts: s.timeouts,
+                    dropped: s.dropped,
+                    duplicates: s.duplicates,
+                }
+            })
+            .collect();
+        let e = core.endpoint.stats();
+        crate::introspect::DeviceRes {
+            name: name.to_string(),
+            addr: self.local.to_string(),
+            qps,
+            mrs: core.mem.list(),
+            packets_received: e.received,
+            icrc_errors: e.icrc_errors,
+            malformed: e.malformed,
+            unknown_qp: e.unknown_qp,
+            pkey_violations: e.pkey_violations,
+        }
+    }
+
     /// Writes every datagram from now on to `capture` (or stops, with `None`).
     pub(crate) fn set_capture(&self, capture: Option<crate::capture::SharedCapture>) {
         self.lock().capture = capture;

@@ -37,6 +37,7 @@ mod cq;
 mod device;
 mod engine;
 mod error;
+mod introspect;
 mod link;
 mod memory;
 mod pd;
@@ -55,6 +56,7 @@ pub use device::{
 };
 pub use engine::{AsyncEvent, IoStats};
 pub use error::{Error, Result};
+pub use introspect::{socket_dir as res_socket_dir, RES_ENV};
 pub use link::MemoryNetwork;
 pub use pd::{MemoryRegion, ProtectionDomain, RemoteRegion};
 pub use qp::{

@@ -204,6 +204,26 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
+    /// Every region, for introspection: keys, length, access and domain, by lkey.
+    pub(crate) fn list(&self) -> Vec<crate::introspect::MrRes> {
+        let mut v: Vec<_> = self
+            .by_lkey
+            .values()
+            .map(|m| crate::introspect::MrRes {
+                lkey: m.lkey.0,
+                rkey: m.rkey.0,
+                len: m.len,
+                access: format!("{:?}", m.access)
+                    .trim_start_matches("Access(")
+                    .trim_end_matches(')')
+                    .to_string(),
+                pd: m.pd.0,
+            })
+            .collect();
+        v.sort_by_key(|m| m.lkey);
+        v
+    }
+
     pub(crate) fn new() -> Registry {
         Registry {
             by_lkey: HashMap::new(),

@@ -1,0 +1,55 @@
+//! `softrdma res` shows the QPs of running softrdma processes: a `perf --local` run's two
+//! processes each have an RC QP in RTS, connected to the other's.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{output, softrdma, Proc};
+
+/// The parent of `pid`, from /proc.
+fn ppid(pid: u64) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[test]
+fn res_shows_the_qps_of_two_running_perf_processes() {
+    let mut cmd = softrdma(["perf", "write_bw", "--local", "-D", "4", "-s", "4096"]);
+    cmd.env_remove("SOFTRDMA_PORT");
+    let run = Proc::start_piped(&mut cmd, Duration::from_secs(60));
+    let client = u64::from(run.id());
+    let t = Instant::now();
+    let (a, b) = loop {
+        assert!(t.elapsed() < Duration::from_secs(15), "the run's processes never showed two connected QPs");
+        let out = output(&mut softrdma(["res", "-j"]), Duration::from_secs(20));
+        assert!(out.status.success(), "{}", common::text(&out));
+        let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let ours: Vec<&serde_json::Value> = all
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| {
+                let pid = p["pid"].as_u64().unwrap();
+                pid == client || ppid(pid) == Some(client)
+            })
+            .collect();
+        let rts = |p: &serde_json::Value| -> Option<(u64, u64)> {
+            let q = &p["devices"][0]["qps"][0];
+            (q["type"] == "RC" && q["state"] == "RTS")
+                .then(|| (q["qpn"].as_u64().unwrap(), q["dest_qpn"].as_u64().unwrap()))
+        };
+        if let [x, y] = ours[..] {
+            if let (Some(a), Some(b)) = (rts(x), rts(y)) {
+                break (a, b);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!((a.0, a.1), (b.1, b.0), "each QP is connected to the other's");
+    // The table names them too.
+    let table = common::text(&output(&mut softrdma(["res"]), Duration::from_secs(20)));
+    assert!(table.contains(&format!("qp {:#08x} RC RTS", a.0)), "{table}");
+    let out = run.end().unwrap();
+    assert!(out.status.success(), "{}", common::text(&out));
+}
