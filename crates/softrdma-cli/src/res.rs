@@ -101,7 +101,7 @@ fn print_process(p: &Value) {
         );
         for q in d["qps"].as_array().unwrap_or(&empty) {
             println!(
-                "  qp {} {} {} peer {} dqpn {} sq-psn {} rq-psn {} sq {} rq {} sent {} retrans {} timeouts {} dropped {}",
+                "  qp {} {} {} peer {} dqpn {} sq-psn {} rq-psn {} sq {} rq {} cq {}/{} sent {} retrans {} timeouts {} dropped {}",
                 hex(&q["qpn"]),
                 q["type"].as_str().unwrap_or("?"),
                 q["state"].as_str().unwrap_or("?"),
@@ -111,11 +111,16 @@ fn print_process(p: &Value) {
                 hex(&q["rq_psn"]),
                 q["send_queue"],
                 q["recv_queue"],
+                q["send_cq"],
+                q["recv_cq"],
                 q["packets_sent"],
                 q["retransmits"],
                 q["timeouts"],
                 q["dropped"],
             );
+        }
+        for c in d["cqs"].as_array().unwrap_or(&empty) {
+            println!("  cq {} queued {} size {}", c["id"], c["queued"], c["size"]);
         }
         for m in d["mrs"].as_array().unwrap_or(&empty) {
             println!(

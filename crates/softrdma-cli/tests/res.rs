@@ -47,6 +47,21 @@ fn res_shows_the_qps_of_two_running_perf_processes() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!((a.0, a.1), (b.1, b.0), "each QP is connected to the other's");
+    // And the CQ its completions go to is listed with its size.
+    let all: serde_json::Value = serde_json::from_slice(
+        &output(&mut softrdma(["res", "-j", "--pid", &client.to_string()]), Duration::from_secs(20)).stdout,
+    )
+    .unwrap();
+    let dev = &all[0]["devices"][0];
+    let cq = dev["qps"][0]["send_cq"].as_u64().expect("the QP's send CQ");
+    assert!(
+        dev["cqs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["id"].as_u64() == Some(cq) && c["size"].as_u64() > Some(0)),
+        "{dev}"
+    );
     // The table names them too.
     let table = common::text(&output(&mut softrdma(["res"]), Duration::from_secs(20)));
     assert!(table.contains(&format!("qp {:#08x} RC RTS", a.0)), "{table}");

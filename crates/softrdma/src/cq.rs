@@ -78,6 +78,9 @@ impl CompletionSink for CqShared {
     fn id(&self) -> u32 {
         self.id
     }
+    fn depth(&self) -> (usize, usize) {
+        (self.q.lock().unwrap_or_else(|p| p.into_inner()).len(), self.cap)
+    }
 }
 
 impl CqShared {

@@ -57,6 +57,8 @@ pub(crate) trait CompletionSink: Send + Sync + std::fmt::Debug {
     fn push(&self, wc: WorkCompletion) -> bool;
     /// The number events name the sink by.
     fn id(&self) -> u32;
+    /// Completions queued and the sink's size (for introspection).
+    fn depth(&self) -> (usize, usize);
 }
 
 /// Where the CM's events for a connection or a listener go (an rdma_cm ID). Called
@@ -435,7 +437,10 @@ impl Engine {
             .map(|q| {
                 let a = q.attr();
                 let s = q.stats();
+                let route = core.routes.get(&q.qpn().get());
                 crate::introspect::QpRes {
+                    send_cq: route.map(|r| r.send.id()),
+                    recv_cq: route.map(|r| r.recv.id()),
                     qpn: q.qpn().get(),
                     r#type: format!("{:?}", q.qp_type()).to_uppercase(),
                     state: format!("{:?}", q.state()).to_uppercase(),
@@ -453,8 +458,19 @@ impl Engine {
                 }
             })
             .collect();
+        let mut cqs: Vec<crate::introspect::CqRes> = Vec::new();
+        for r in core.routes.values() {
+            for s in [&r.send, &r.recv] {
+                if !cqs.iter().any(|c| c.id == s.id()) {
+                    let (queued, size) = s.depth();
+                    cqs.push(crate::introspect::CqRes { id: s.id(), queued, size });
+                }
+            }
+        }
+        cqs.sort_by_key(|c| c.id);
         let e = core.endpoint.stats();
         crate::introspect::DeviceRes {
+            cqs,
             name: name.to_string(),
             addr: self.local.to_string(),
             qps,

@@ -1,7 +1,8 @@
 //! Live introspection, as `rdma res show` does for the kernel's devices: every process that
 //! opens a softrdma device answers on a Unix socket of its own with its devices, QPs
-//! (type, state, peer, PSNs, queued work requests, counters) and memory regions (length,
-//! keys, access), as one line of JSON. `softrdma res` asks every such process of the user.
+//! (type, state, peer, PSNs, queued work requests, CQs, counters), completion queues
+//! (completions queued, size) and memory regions (length, keys, access), as one line of
+//! JSON. `softrdma res` asks every such process of the user.
 //!
 //! The sockets live in `$XDG_RUNTIME_DIR/softrdma/` (else `/tmp/softrdma-UID/`), a
 //! directory only the user can enter (mode 0700, checked to be the user's own), one
@@ -46,6 +47,7 @@ pub(crate) struct DeviceRes {
     pub(crate) name: String,
     pub(crate) addr: String,
     pub(crate) qps: Vec<QpRes>,
+    pub(crate) cqs: Vec<CqRes>,
     pub(crate) mrs: Vec<MrRes>,
     pub(crate) packets_received: u64,
     pub(crate) icrc_errors: u64,
@@ -66,11 +68,21 @@ pub(crate) struct QpRes {
     pub(crate) rq_psn: Option<u32>,
     pub(crate) send_queue: usize,
     pub(crate) recv_queue: usize,
+    pub(crate) send_cq: Option<u32>,
+    pub(crate) recv_cq: Option<u32>,
     pub(crate) packets_sent: u64,
     pub(crate) retransmits: u64,
     pub(crate) timeouts: u64,
     pub(crate) dropped: u64,
     pub(crate) duplicates: u64,
+}
+
+/// One completion queue.
+#[derive(Debug, Serialize)]
+pub(crate) struct CqRes {
+    pub(crate) id: u32,
+    pub(crate) queued: usize,
+    pub(crate) size: usize,
 }
 
 /// One memory region.
