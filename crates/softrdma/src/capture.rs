@@ -117,19 +117,7 @@ fn ip_datagram(src: SocketAddr, dst: SocketAddr, tos: u8, roce: &[u8]) -> Option
     let mut out;
     let checksum = match (src.ip(), dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let ip = Ipv4Repr {
-                src: s,
-                dst: d,
-                tos,
-                ident: 0,
-                dont_fragment: true,
-                more_fragments: false,
-                frag_offset: 0,
-                ttl: 64,
-                protocol: 17,
-                header_len: 20,
-                total_len: udp_len.checked_add(20)?,
-            };
+            let ip = Ipv4Repr::canonical(s, d, tos, udp_len)?;
             out = vec![0u8; 28 + roce.len()];
             ip.emit((&mut out[..20]).try_into().ok()?);
             0

@@ -164,19 +164,7 @@ fn syndrome(rng: &mut Rng) -> AethSyndrome {
 fn ip_datagram(src: SocketAddr, dst: SocketAddr, roce: &[u8]) -> Vec<u8> {
     let (IpAddr::V4(s), IpAddr::V4(d)) = (src.ip(), dst.ip()) else { unreachable!() };
     let total = 28 + roce.len();
-    let ip = Ipv4Repr {
-        src: s,
-        dst: d,
-        tos: 0,
-        ident: 0,
-        dont_fragment: true,
-        more_fragments: false,
-        frag_offset: 0,
-        ttl: 64,
-        protocol: 17,
-        header_len: 20,
-        total_len: total as u16,
-    };
+    let ip = Ipv4Repr::canonical(s, d, 0, (8 + roce.len()) as u16).unwrap();
     let udp =
         UdpRepr { src_port: src.port(), dst_port: dst.port(), length: (8 + roce.len()) as u16, checksum: 0 };
     let mut out = vec![0u8; total];

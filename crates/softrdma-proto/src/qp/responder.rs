@@ -601,22 +601,11 @@ fn grh_area(src: IpAddr, dst: IpAddr, tos: u8, udp_payload_len: usize) -> [u8; 4
     let udp_len = 8 + udp_payload_len;
     match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let h = Ipv4Repr {
-                src: s,
-                dst: d,
-                tos,
-                ident: 0,
-                dont_fragment: true,
-                more_fragments: false,
-                frag_offset: 0,
-                ttl: 64,
-                protocol: PROTO_UDP,
-                header_len: 20,
-                total_len: (20 + udp_len) as u16,
-            };
-            let mut b = [0u8; 20];
-            h.emit(&mut b);
-            g[20..].copy_from_slice(&b);
+            if let Some(h) = Ipv4Repr::canonical(s, d, tos, udp_len as u16) {
+                let mut b = [0u8; 20];
+                h.emit(&mut b);
+                g[20..].copy_from_slice(&b);
+            }
         }
         (s, d) => {
             let v6 = |a: IpAddr| match a {

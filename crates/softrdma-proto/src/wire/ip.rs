@@ -39,6 +39,24 @@ pub struct Ipv4Repr {
 }
 
 impl Ipv4Repr {
+    /// The header softrdma sends a UDP datagram of `udp_len` bytes with: Identification 0
+    /// and DF (the canonical encapsulation its ICRCs assume), TTL 64.
+    pub fn canonical(src: Ipv4Addr, dst: Ipv4Addr, tos: u8, udp_len: u16) -> Option<Ipv4Repr> {
+        Some(Ipv4Repr {
+            src,
+            dst,
+            tos,
+            ident: 0,
+            dont_fragment: true,
+            more_fragments: false,
+            frag_offset: 0,
+            ttl: 64,
+            protocol: PROTO_UDP,
+            header_len: 20,
+            total_len: udp_len.checked_add(20)?,
+        })
+    }
+
     /// Parses an IPv4 header at the start of `b`; the total length must fit in `b`.
     pub fn parse(b: &[u8]) -> Result<Ipv4Repr> {
         check_len("IPv4 header", b, 20)?;
