@@ -473,10 +473,12 @@ impl QueuePair {
     ) {
         let Some(deth) = pkt.deth() else { return };
         if deth.qkey() != self.qkey {
+            tracing::debug!(qkey = %format_args!("{:#x}", deth.qkey().0), "dropped: Q_Key mismatch");
             self.stats.dropped += 1;
             return;
         }
         let Some(wqe) = self.rq_take(srq) else {
+            tracing::debug!("dropped: UD datagram with no receive posted");
             self.stats.dropped += 1;
             return;
         };
