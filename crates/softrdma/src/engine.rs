@@ -899,9 +899,6 @@ impl Engine {
         if core.endpoint.cm().is_some() {
             self.cm_pump(core);
         }
-        // Completions first: a thread polling the CQ (not this one) sees an arrival while
-        // this pass still sends the ACKs.
-        Self::deliver(core);
         loop {
             let Core { endpoint, mem, slots, out: msgs, link, capture, .. } = &mut *core;
             let gso = link.gso();
