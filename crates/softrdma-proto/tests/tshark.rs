@@ -241,19 +241,8 @@ fn frame(fam: &Family, src_port: u16, udp_payload: &[u8]) -> Vec<u8> {
     f.extend_from_slice(&fam.ethertype.to_be_bytes());
     match (fam.src, fam.dst) {
         (IpAddr::V4(src), IpAddr::V4(dst)) => {
-            let ip = Ipv4Repr {
-                src,
-                dst,
-                tos: 0x02, // ECT(0), as RoCE traffic is marked for ECN
-                ident: 0,
-                dont_fragment: true,
-                more_fragments: false,
-                frag_offset: 0,
-                ttl: 64,
-                protocol: PROTO_UDP,
-                header_len: 20,
-                total_len: (20 + udp_len) as u16,
-            };
+            // ECT(0), as RoCE traffic is marked for ECN.
+            let ip = Ipv4Repr::canonical(src, dst, 0x02, udp_len as u16).unwrap();
             let mut b = [0u8; 20];
             ip.emit(&mut b);
             f.extend_from_slice(&b);

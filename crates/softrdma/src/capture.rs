@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use softrdma_proto::wire::ip::{Ipv4Repr, Ipv6Repr, UdpRepr};
+use softrdma_proto::wire::ip::{Ipv4Repr, Ipv6Repr, UdpRepr, PROTO_UDP};
 
 /// The environment variable naming the capture file.
 pub const PCAP_ENV: &str = "SOFTRDMA_PCAP";
@@ -114,13 +114,13 @@ impl Drop for Capture {
 /// The IP datagram carrying `roce` as the wire would, or `None` for mixed families.
 fn ip_datagram(src: SocketAddr, dst: SocketAddr, tos: u8, roce: &[u8]) -> Option<Vec<u8>> {
     let udp_len = u16::try_from(8 + roce.len()).ok()?;
+    let mut udp = UdpRepr { src_port: src.port(), dst_port: dst.port(), length: udp_len, checksum: 0 };
     let mut out;
-    let checksum = match (src.ip(), dst.ip()) {
+    match (src.ip(), dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             let ip = Ipv4Repr::canonical(s, d, tos, udp_len)?;
             out = vec![0u8; 28 + roce.len()];
             ip.emit((&mut out[..20]).try_into().ok()?);
-            0
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
             let ip = Ipv6Repr {
@@ -129,18 +129,17 @@ fn ip_datagram(src: SocketAddr, dst: SocketAddr, tos: u8, roce: &[u8]) -> Option
                 traffic_class: tos,
                 flow_label: 0,
                 payload_len: udp_len,
-                next_header: 17,
+                next_header: PROTO_UDP,
                 hop_limit: 64,
             };
             out = vec![0u8; 48 + roce.len()];
             ip.emit((&mut out[..40]).try_into().ok()?);
-            let udp = UdpRepr { src_port: src.port(), dst_port: dst.port(), length: udp_len, checksum: 0 };
-            udp.checksum_for(src.ip(), dst.ip(), roce)
+            // IPv6 has no zero checksum; IPv4's stays 0, as RoCEv2 sends it.
+            udp.checksum = udp.checksum_for(src.ip(), dst.ip(), roce);
         }
         _ => return None,
-    };
+    }
     let at = out.len() - roce.len() - 8;
-    let udp = UdpRepr { src_port: src.port(), dst_port: dst.port(), length: udp_len, checksum };
     udp.emit((&mut out[at..at + 8]).try_into().ok()?);
     out[at + 8..].copy_from_slice(roce);
     Some(out)

@@ -208,30 +208,12 @@ fn new_id(rt: CmId, channel: *mut rdma_event_channel, context: *mut c_void, sync
 
 /// Writes `addr` as a `sockaddr_in`/`sockaddr_in6` into `out`.
 pub(crate) fn write_sockaddr(out: &mut sockaddr_storage, addr: SocketAddr) {
+    let sa = socket2::SockAddr::from(addr);
+    let n = (sa.len() as usize).min(out.bytes.len());
+    // SAFETY: `as_ptr` points to the `len()` bytes of the encoded address.
+    let bytes = unsafe { std::slice::from_raw_parts(sa.as_ptr().cast::<u8>(), n) };
     out.bytes = [0; 128];
-    match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_in is plain data and fits in 128 bytes.
-            unsafe { ptr::write_unaligned(out.bytes.as_mut_ptr().cast(), sin) };
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: as above.
-            unsafe { ptr::write_unaligned(out.bytes.as_mut_ptr().cast(), sin6) };
-        }
-    }
+    out.bytes[..n].copy_from_slice(bytes);
 }
 
 /// Reads a `sockaddr_in`/`sockaddr_in6`; `None` for another family or a null pointer.

@@ -116,45 +116,6 @@ pub(crate) fn wait_readable_any(fds: &[RawFd], timeout: Option<Duration>) -> io:
     Ok(mask)
 }
 
-/// A socket address in the form the kernel takes.
-pub(crate) struct RawAddr {
-    storage: libc::sockaddr_storage,
-    len: libc::socklen_t,
-}
-
-impl RawAddr {
-    pub(crate) fn new(addr: SocketAddr) -> RawAddr {
-        // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
-        let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let len = match addr {
-            SocketAddr::V4(a) => {
-                let sin = libc::sockaddr_in {
-                    sin_family: libc::AF_INET as libc::sa_family_t,
-                    sin_port: a.port().to_be(),
-                    sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
-                    sin_zero: [0; 8],
-                };
-                // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in.
-                unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin) };
-                std::mem::size_of::<libc::sockaddr_in>()
-            }
-            SocketAddr::V6(a) => {
-                let sin6 = libc::sockaddr_in6 {
-                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                    sin6_port: a.port().to_be(),
-                    sin6_flowinfo: a.flowinfo(),
-                    sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
-                    sin6_scope_id: a.scope_id(),
-                };
-                // SAFETY: as above, for sockaddr_in6.
-                unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin6) };
-                std::mem::size_of::<libc::sockaddr_in6>()
-            }
-        };
-        RawAddr { storage, len: len as libc::socklen_t }
-    }
-}
-
 /// Reads a socket address the kernel filled in.
 fn from_storage(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
     match s.ss_family as libc::c_int {
@@ -182,7 +143,7 @@ fn from_storage(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
 /// One datagram to send — or, with `gso`, several of `gso` bytes each (the last may be
 /// shorter) that the kernel splits (UDP generic segmentation offload).
 pub(crate) struct OutMsg {
-    pub(crate) dst: RawAddr,
+    pub(crate) dst: socket2::SockAddr,
     /// The destination, as given.
     pub(crate) to: SocketAddr,
     /// The local address to send from (it picks the socket).
@@ -227,7 +188,7 @@ impl std::fmt::Debug for OutMsg {
 impl OutMsg {
     pub(crate) fn new(src: SocketAddr, dst: SocketAddr, tos: u8) -> OutMsg {
         OutMsg {
-            dst: RawAddr::new(dst),
+            dst: socket2::SockAddr::from(dst),
             to: dst,
             src,
             tos,
@@ -264,8 +225,9 @@ pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> Sent {
         .map(|m| {
             // SAFETY: msghdr is plain old data; all-zero is valid before we fill it in.
             let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-            h.msg_name = (&mut m.dst.storage as *mut libc::sockaddr_storage).cast();
-            h.msg_namelen = m.dst.len;
+            // The kernel only reads the name of a message it sends.
+            h.msg_name = m.dst.as_ptr().cast_mut().cast();
+            h.msg_namelen = m.dst.len();
             h.msg_iov = m.iov.as_mut_ptr();
             h.msg_iovlen = m.iov.len() as _;
             if m.gso.is_some() || m.tos != 0 {
