@@ -422,6 +422,26 @@ impl CompletionChannel {
         }
     }
 
+    /// [`Self::get_event_timeout`] for a thread that should do no packet work while it
+    /// waits: it sleeps on the channel alone and leaves arrivals to the device's progress
+    /// thread, as an application leaves them to a NIC. Its CPU time is then only its own
+    /// work (the tutorial's passive server shows 0 %), at the price of one more thread
+    /// hop per completion than `get_event_timeout`, which processes arrivals itself.
+    pub fn get_event_passive(&self, timeout: Duration) -> Result<Option<CompletionQueue>> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(cq) = self.try_get_event() {
+                return Ok(Some(cq));
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            self.ctx.engine.app_blocking();
+            sys::wait_readable_any(&[self.shared.efd.as_raw_fd()], Some(left))?;
+        }
+    }
+
     /// Acknowledges `n` events (bookkeeping, as `ibv_ack_cq_events`).
     pub fn ack_events(&self, n: usize) {
         let _ = self

@@ -65,6 +65,10 @@ pub enum Error {
         /// The size asked for.
         bytes: usize,
     },
+    /// A work request completed with an error status (from
+    /// [`crate::managed::Done::check`]).
+    #[error("work request failed: {0}")]
+    Failed(softrdma_proto::qp::WcStatus),
     /// A blocking call's time ran out.
     #[error("timed out: {0}")]
     TimedOut(&'static str),
@@ -94,6 +98,7 @@ impl Error {
                 _ => libc::ECONNRESET,
             },
             Error::TimedOut(_) => libc::ETIMEDOUT,
+            Error::Failed(_) => libc::EIO,
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }
     }

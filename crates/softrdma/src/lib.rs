@@ -39,6 +39,7 @@ mod engine;
 mod error;
 mod introspect;
 mod link;
+pub mod managed;
 mod memory;
 mod pd;
 mod qp;
