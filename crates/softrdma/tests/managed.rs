@@ -118,7 +118,9 @@ fn a_pool_hands_out_its_buffers_and_takes_them_back_when_dropped() {
         b.set(0, 1000 + k as u64).unwrap();
     }
     drop(all);
-    let mut marks: Vec<u64> = (0..3).map(|_| pool.take().unwrap()).map(|b| b.get(0).unwrap()).collect();
+    let again: Vec<_> = (0..3).map(|_| pool.take().unwrap()).collect();
+    let mut marks: Vec<u64> = again.iter().map(|b| b.get(0).unwrap()).collect();
+    drop(again);
     marks.sort();
     assert_eq!(marks, [1000, 1001, 1002]);
     // A pool dropped while a buffer is out: the buffer deregisters on its own.
