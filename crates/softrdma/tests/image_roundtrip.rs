@@ -9,23 +9,25 @@ use std::time::{Duration, Instant};
 use softrdma::cm::{getaddrinfo, AddrHints, ConnParam, Ep, EpQp};
 use softrdma::WcStatus;
 
-/// The example's binary, built by `cargo test` beside the test binaries (or built here
-/// when only this test was asked for).
+/// The example's binary, brought up to date once per run (`cargo test` builds examples
+/// too, but not when only this test is asked for, and a stale one would be tested).
 fn example() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
-    let bin = dir.join("examples").join("image_roundtrip");
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let release = dir.ends_with("release");
-        let mut c = Command::new(cargo);
-        c.args(["build", "-p", "softrdma", "--example", "image_roundtrip"]);
-        if release {
-            c.arg("--release");
-        }
-        assert!(c.status().unwrap().success(), "building the example");
-    }
-    bin
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().unwrap();
+            let dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut c = Command::new(cargo);
+            c.args(["build", "-q", "-p", "softrdma", "--example", "image_roundtrip"]);
+            if dir.ends_with("release") {
+                c.arg("--release");
+            }
+            let o = run_bounded(c, Duration::from_secs(900));
+            assert!(o.status.success(), "building the example: {}", String::from_utf8_lossy(&o.stderr));
+            dir.join("examples").join("image_roundtrip")
+        })
+        .clone()
 }
 
 /// Runs a command with a time limit.
