@@ -19,6 +19,7 @@ mod rping;
 mod sim;
 mod soak;
 mod status;
+mod tutorial;
 mod udaddy;
 
 /// softrdma: RDMA (RoCEv2) in user space over UDP.
@@ -117,6 +118,10 @@ enum Command {
     /// `softrdma exec --bind 127.0.0.3 -- ib_write_bw 127.0.0.2`. The libraries are built
     /// by scripts/build-libs.sh.
     Exec(exec::ExecArgs),
+    /// Run the OFA tutorial's four ping-pongs (SEND/RECV busy-polling and
+    /// wait-for-notify, RDMA WRITE/READ signaled and unsignaled) between two processes and
+    /// rank them by round-trip time, with each side's user and kernel CPU %.
+    Tutorial(tutorial::TutorialArgs),
 }
 
 fn main() {
@@ -145,6 +150,7 @@ fn main() {
         Command::Res(args) => res::run(&args),
         Command::Link(args) => status::link(&args),
         Command::Exec(args) => exec::run(&args),
+        Command::Tutorial(args) => tutorial::run(&args),
     };
     std::process::exit(code);
 }
