@@ -184,6 +184,12 @@ fn usage_cases() -> Vec<(Vec<String>, &'static str)> {
         (vec!["devinfo", "-i", "0"], "--ib-port"),
         (vec!["devinfo", "-i", "256"], "--ib-port"),
         (vec!["exec", "--udp-port", "65536", "--", "true"], "--udp-port"),
+        // tutorial
+        (vec!["tutorial", "-n", "0"], "--iters"),
+        (vec!["tutorial", "-s", "0"], "--size"),
+        (vec!["tutorial", "-s", "99999999999"], "--size"),
+        (vec!["tutorial", "--connect", "127.0.0.1:7472"], "--variant"),
+        (vec!["tutorial", "--serve", "127.0.0.1"], "--serve"),
     ];
     // relay: its four addresses, then what is wrong.
     let sides = ["relay", "--b-side", "127.0.0.1:0", "--peer-b", "127.0.0.1:2", "--peer-a", "127.0.0.1:1"];
