@@ -40,7 +40,9 @@ fn parse_variant(s: &str) -> Result<pingpong::Variant, String> {
 pub fn run(a: &TutorialArgs) -> i32 {
     let r = match (a.serve, a.connect, a.variant) {
         (Some(at), _, _) => pingpong::listener(at, 0),
-        (None, Some(at), Some(v)) => pingpong::client(at, a.bind, v, a.iters, a.size).map(|o| pingpong::print_table(&[o])),
+        (None, Some(at), Some(v)) => {
+            pingpong::client(at, a.bind, v, a.iters, a.size).map(|o| pingpong::print_table(&[o]))
+        }
         _ => std::env::current_exe()
             .map_err(Into::into)
             .and_then(|exe| pingpong::run_all(&exe, &["tutorial", "--serve"], a.iters, a.size)),

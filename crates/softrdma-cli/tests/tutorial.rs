@@ -47,7 +47,10 @@ fn the_tutorial_ranks_four_ping_pongs_and_the_passive_server_uses_no_cpu() {
         if name.contains("RDMA_WRITE/READ") {
             // The tutorial's point: the passive side's program does nothing at all; the
             // work is the "NIC's" (here the progress thread, in the process column).
-            assert!(server_thread < 1.0, "{name}: the passive agent's thread used {server_thread}% CPU\n{out}");
+            assert!(
+                server_thread < 1.0,
+                "{name}: the passive agent's thread used {server_thread}% CPU\n{out}"
+            );
             assert!(v[6] > server_thread, "{name}: the process did the NIC's work\n{out}");
         } else {
             assert!(server_thread > 1.0, "{name}: an active agent's thread works ({server_thread}%)\n{out}");
@@ -64,8 +67,17 @@ fn one_ping_pong_runs_against_a_separate_server() {
     assert!(server.line().starts_with("listening"));
     let o = output(
         &mut softrdma([
-            "tutorial", "--connect", "127.0.38.1:7472", "--bind", "127.0.38.2", "--variant", "write-read-unsignaled",
-            "-n", "500", "-s", "4096",
+            "tutorial",
+            "--connect",
+            "127.0.38.1:7472",
+            "--bind",
+            "127.0.38.2",
+            "--variant",
+            "write-read-unsignaled",
+            "-n",
+            "500",
+            "-s",
+            "4096",
         ]),
         Duration::from_secs(60),
     );

@@ -25,7 +25,10 @@ fn per_op_us(n: u32, mut f: impl FnMut()) -> f64 {
 fn main() -> Result<(), softrdma::Error> {
     let ctx = Context::open_port("127.0.0.1".parse().unwrap(), 0)?;
     let pd = ctx.alloc_pd();
-    println!("{:>10} {:>16} {:>22} {:>14} {:>18}", "size", "register us", "register+touch us", "pool us", "pool saves (x)");
+    println!(
+        "{:>10} {:>16} {:>22} {:>14} {:>18}",
+        "size", "register us", "register+touch us", "pool us", "pool saves (x)"
+    );
     for size in [4096usize, 65536, 1 << 20, 16 << 20, 64 << 20] {
         let n = if size >= 16 << 20 { 20 } else { 2000 };
         let data = vec![0xA5u8; size];
@@ -39,9 +42,12 @@ fn main() -> Result<(), softrdma::Error> {
             let mut b = pool.take().unwrap();
             b.write(0, &data).unwrap();
         });
-        let human = if size >= 1 << 20 { format!("{} MiB", size >> 20) } else { format!("{} KiB", size >> 10) };
+        let human =
+            if size >= 1 << 20 { format!("{} MiB", size >> 20) } else { format!("{} KiB", size >> 10) };
         println!("{human:>10} {reg:>16.2} {touched:>22.2} {pooled:>14.2} {:>18.1}", touched / pooled);
     }
-    println!("(pool us: take a registered buffer, write every byte, give it back; the write is in both columns)");
+    println!(
+        "(pool us: take a registered buffer, write every byte, give it back; the write is in both columns)"
+    );
     Ok(())
 }

@@ -81,7 +81,9 @@ pub use bytemuck::{self, Pod, Zeroable};
 use crate::cq::{CompletionChannel, CompletionQueue, EMPTY_WC};
 use crate::pd::{MemoryRegion, ProtectionDomain, RemoteRegion};
 use crate::qp::QueuePair;
-use crate::{Access, Context, Error, RecvWr, Result, Rkey, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
+use crate::{
+    Access, Context, Error, RecvWr, Result, Rkey, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
+};
 
 fn lock<M>(m: &Mutex<M>) -> MutexGuard<'_, M> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -290,7 +292,12 @@ impl<T: Pod> fmt::Debug for BufferPool<T> {
 
 impl<T: Pod> BufferPool<T> {
     /// Registers `count` buffers of `capacity` elements each with `access` rights.
-    pub fn new(pd: &ProtectionDomain, count: usize, capacity: usize, access: Access) -> Result<BufferPool<T>> {
+    pub fn new(
+        pd: &ProtectionDomain,
+        count: usize,
+        capacity: usize,
+        access: Access,
+    ) -> Result<BufferPool<T>> {
         let bytes = bytes_for::<T>(capacity)?;
         let free = (0..count).map(|_| pd.register(bytes, access)).collect::<Result<Vec<_>>>()?;
         Ok(BufferPool {
@@ -301,7 +308,13 @@ impl<T: Pod> BufferPool<T> {
     }
 
     fn wrap(&self, mr: MemoryRegion) -> Buffer<T> {
-        Buffer { mr: Some(mr), len: self.cap, cap: self.cap, home: Some(Arc::downgrade(&self.shared)), _t: PhantomData }
+        Buffer {
+            mr: Some(mr),
+            len: self.cap,
+            cap: self.cap,
+            home: Some(Arc::downgrade(&self.shared)),
+            _t: PhantomData,
+        }
     }
 
     /// A buffer, if one is free now (its length is its capacity).
@@ -600,7 +613,10 @@ impl PollerShared {
                 });
                 for id in earlier.into_iter().flatten() {
                     if let Some(s) = slots.by_id.remove(&id) {
-                        ready.push((s.on_done, WorkCompletion { wr_id: id, opcode: s.opcode, byte_len: 0, ..*wc }));
+                        ready.push((
+                            s.on_done,
+                            WorkCompletion { wr_id: id, opcode: s.opcode, byte_len: 0, ..*wc },
+                        ));
                     }
                 }
             }
@@ -836,8 +852,12 @@ impl Connection {
             Op::Send => Some(SendOp::Send),
             Op::SendWithImm(imm) => Some(SendOp::SendWithImm(imm)),
             Op::Recv => None,
-            Op::Write(r) | Op::WriteUnsignaled(r) => Some(SendOp::Write { remote_addr: r.addr, rkey: Rkey(r.rkey) }),
-            Op::WriteWithImm(r, imm) => Some(SendOp::WriteWithImm { remote_addr: r.addr, rkey: Rkey(r.rkey), imm }),
+            Op::Write(r) | Op::WriteUnsignaled(r) => {
+                Some(SendOp::Write { remote_addr: r.addr, rkey: Rkey(r.rkey) })
+            }
+            Op::WriteWithImm(r, imm) => {
+                Some(SendOp::WriteWithImm { remote_addr: r.addr, rkey: Rkey(r.rkey), imm })
+            }
             Op::Read(r) => Some(SendOp::Read { remote_addr: r.addr, rkey: Rkey(r.rkey) }),
         };
         if let Op::Write(r) | Op::WriteUnsignaled(r) | Op::WriteWithImm(r, _) | Op::Read(r) = &op {
@@ -916,12 +936,20 @@ impl Connection {
     }
 
     /// RDMA WRITEs the buffer's elements in use to the start of `to`.
-    pub fn write<T: Pod>(&self, buf: Buffer<T>, to: RemoteRegion) -> std::result::Result<Pending<T>, Refused<T>> {
+    pub fn write<T: Pod>(
+        &self,
+        buf: Buffer<T>,
+        to: RemoteRegion,
+    ) -> std::result::Result<Pending<T>, Refused<T>> {
         self.post(Op::Write(to), buf)
     }
 
     /// RDMA READs the start of `from` into the buffer's elements in use.
-    pub fn read<T: Pod>(&self, buf: Buffer<T>, from: RemoteRegion) -> std::result::Result<Pending<T>, Refused<T>> {
+    pub fn read<T: Pod>(
+        &self,
+        buf: Buffer<T>,
+        from: RemoteRegion,
+    ) -> std::result::Result<Pending<T>, Refused<T>> {
         self.post(Op::Read(from), buf)
     }
 

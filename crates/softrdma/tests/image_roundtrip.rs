@@ -134,7 +134,8 @@ fn the_server_refuses_bad_clients_and_serves_the_next() {
     let (status, ready) = raw_client(server, [127, 0, 35, 2], &[0xFF; 48]).expect("the connection ends");
     assert_eq!((status, ready.len()), (WcStatus::WrFlushErr, 0));
     // A picture of 100000 x 100000 pixels (40 GB): refused with status 2.
-    let (status, ready) = raw_client(server, [127, 0, 35, 3], &request(0x494d_4731, 1, 100_000, 100_000)).unwrap();
+    let (status, ready) =
+        raw_client(server, [127, 0, 35, 3], &request(0x494d_4731, 1, 100_000, 100_000)).unwrap();
     assert_eq!(status, WcStatus::Success);
     assert_eq!(u32::from_le_bytes(ready[20..24].try_into().unwrap()), 2, "status 2: too large");
     // An unknown task: status 1.
@@ -143,7 +144,8 @@ fn the_server_refuses_bad_clients_and_serves_the_next() {
     // A real client is served after all that.
     let mut c = Command::new(example());
     c.args(["--connect", server, "--bind", "127.0.35.5", "--variant", "send", "--task", "gray"]);
-    c.args(["--output"]).arg(std::env::temp_dir().join(format!("softrdma-image-gray-{}.png", std::process::id())));
+    c.args(["--output"])
+        .arg(std::env::temp_dir().join(format!("softrdma-image-gray-{}.png", std::process::id())));
     let o = run_bounded(c, Duration::from_secs(60));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("matches local processing"));

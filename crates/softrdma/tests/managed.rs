@@ -25,7 +25,11 @@ fn pair(a: u8, b: u8, mode: WaitMode, spawn_b: bool) -> (Side, Side) {
     let ctx = |x: u8| Context::open(std::net::IpAddr::from([127, 0, 31, x])).unwrap();
     let (ca, cb) = (ctx(a), ctx(b));
     let pa = CompletionPoller::new(&ca, 256, mode).unwrap();
-    let pb = if spawn_b { CompletionPoller::spawn(&cb, 256).unwrap() } else { CompletionPoller::new(&cb, 256, mode).unwrap() };
+    let pb = if spawn_b {
+        CompletionPoller::spawn(&cb, 256).unwrap()
+    } else {
+        CompletionPoller::new(&cb, 256, mode).unwrap()
+    };
     let (pda, pdb) = (ca.alloc_pd(), cb.alloc_pd());
     let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, ..QpCaps::default() };
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
@@ -56,8 +60,9 @@ struct Pixel {
 fn a_typed_buffer_goes_out_with_a_send_and_comes_back_with_its_completion() {
     for mode in [WaitMode::Busy, WaitMode::Event] {
         let (a, b) = pair(1, 2, mode, false);
-        let pixels: Vec<Pixel> =
-            (0..100u8).map(|i| Pixel { r: i, g: i ^ 0x55, b: 255 - i, a: 7, weight: f32::from(i) * 0.5 }).collect();
+        let pixels: Vec<Pixel> = (0..100u8)
+            .map(|i| Pixel { r: i, g: i ^ 0x55, b: 255 - i, a: 7, weight: f32::from(i) * 0.5 })
+            .collect();
         // The receive buffer is larger than the message: its length becomes what arrived.
         let incoming = b.conn.recv(Buffer::<Pixel>::new(&b.pd, 256).unwrap()).unwrap();
         let out = Buffer::from_slice(&a.pd, &pixels).unwrap();
@@ -140,7 +145,13 @@ fn pooled_buffers_come_back_to_the_pool_after_their_operations() {
     }
     assert_eq!((pool.available(), b.poller.in_flight()), (0, 4));
     for i in 0..4u8 {
-        a.conn.send(Buffer::from_slice(&a.pd, &[i; 10]).unwrap()).unwrap().wait_timeout(WAIT).unwrap().check().unwrap();
+        a.conn
+            .send(Buffer::from_slice(&a.pd, &[i; 10]).unwrap())
+            .unwrap()
+            .wait_timeout(WAIT)
+            .unwrap()
+            .check()
+            .unwrap();
     }
     let deadline = Instant::now() + WAIT;
     while pool.available() < 4 && Instant::now() < deadline {
@@ -152,13 +163,18 @@ fn pooled_buffers_come_back_to_the_pool_after_their_operations() {
 #[test]
 fn unsignaled_writes_complete_with_the_next_signaled_read_and_errors_complete_at_once() {
     let (a, b) = pair(6, 7, WaitMode::Event, false);
-    let target = Buffer::<u32>::with_access(&b.pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ)
-        .unwrap();
+    let target = Buffer::<u32>::with_access(
+        &b.pd,
+        64,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+    )
+    .unwrap();
     let remote = target.remote().expect("remote rights");
     assert_eq!(remote.len, 256);
     assert!(Buffer::<u32>::new(&b.pd, 4).unwrap().remote().is_none(), "no remote rights, no description");
     // The seed's fourth ping-pong: an unsignaled WRITE, then a signaled READ of it.
-    let w = a.conn.post(Op::WriteUnsignaled(remote), Buffer::from_slice(&a.pd, &[7u32; 64]).unwrap()).unwrap();
+    let w =
+        a.conn.post(Op::WriteUnsignaled(remote), Buffer::from_slice(&a.pd, &[7u32; 64]).unwrap()).unwrap();
     assert!(!w.is_done());
     let r = a.conn.read(Buffer::<u32>::new(&a.pd, 64).unwrap(), remote).unwrap();
     let read = r.wait_timeout(WAIT).unwrap().check().unwrap();
@@ -218,14 +234,22 @@ fn a_spawned_poller_runs_callbacks_with_typed_buffers() {
         b.conn
             .post_then(Op::Recv, Buffer::<u16>::new(&b.pd, 32).unwrap(), move |done| {
                 assert_eq!(done.status(), WcStatus::Success);
-                sums.lock().unwrap().push((done.imm(), done.buffer.to_vec().iter().map(|&x| u32::from(x)).sum::<u32>()));
+                sums.lock()
+                    .unwrap()
+                    .push((done.imm(), done.buffer.to_vec().iter().map(|&x| u32::from(x)).sum::<u32>()));
                 count.fetch_add(1, Ordering::SeqCst);
             })
             .unwrap();
     }
     for k in 0..8u16 {
         let buf = Buffer::from_slice(&a.pd, &[k; 32]).unwrap();
-        a.conn.post(Op::SendWithImm(u32::from(k) + 100), buf).unwrap().wait_timeout(WAIT).unwrap().check().unwrap();
+        a.conn
+            .post(Op::SendWithImm(u32::from(k) + 100), buf)
+            .unwrap()
+            .wait_timeout(WAIT)
+            .unwrap()
+            .check()
+            .unwrap();
     }
     let deadline = Instant::now() + WAIT;
     while count.load(Ordering::SeqCst) < 8 && Instant::now() < deadline {
@@ -261,16 +285,19 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 #[test]
 fn pending_operations_and_receive_streams_are_futures() {
     let (a, b) = pair(12, 13, WaitMode::Event, false);
-    let mut stream = b.conn.recv_stream((0..3).map(|_| Buffer::<u32>::new(&b.pd, 4).unwrap()).collect()).unwrap();
+    let mut stream =
+        b.conn.recv_stream((0..3).map(|_| Buffer::<u32>::new(&b.pd, 4).unwrap()).collect()).unwrap();
     assert_eq!(b.poller.in_flight(), 3, "three receives kept posted");
     let got = block_on(async {
         let mut got = Vec::new();
         for k in 0..10u32 {
             let sent = a.conn.send(Buffer::from_slice(&a.pd, &[k, k + 1]).unwrap()).unwrap().await;
             assert_eq!(sent.status(), WcStatus::Success);
-            let done = std::future::poll_fn(|cx| futures_core::Stream::poll_next(std::pin::Pin::new(&mut stream), cx))
-                .await
-                .expect("the stream does not end");
+            let done = std::future::poll_fn(|cx| {
+                futures_core::Stream::poll_next(std::pin::Pin::new(&mut stream), cx)
+            })
+            .await
+            .expect("the stream does not end");
             got.push(done.buffer.to_vec());
             stream.repost(done.buffer).unwrap();
         }
@@ -290,7 +317,9 @@ fn waiters_in_several_threads_each_get_their_own_completion() {
     let waiters: Vec<_> = (0..4u64)
         .map(|_| {
             let pending = b.conn.recv(Buffer::<u64>::new(&b.pd, 1).unwrap()).unwrap();
-            std::thread::spawn(move || pending.wait_timeout(WAIT).expect("each waiter completes").buffer.to_vec()[0])
+            std::thread::spawn(move || {
+                pending.wait_timeout(WAIT).expect("each waiter completes").buffer.to_vec()[0]
+            })
         })
         .collect();
     for k in 0..4u64 {
@@ -309,7 +338,10 @@ fn a_lost_peer_flushes_the_receives_and_returns_their_buffers() {
     let p2 = b.conn.recv(pool.take().unwrap()).unwrap();
     drop(a);
     // The QP moved to ERROR flushes both receives.
-    b.conn.qp().modify(&softrdma::QpAttr { state: Some(softrdma::QpState::Error), ..Default::default() }).unwrap();
+    b.conn
+        .qp()
+        .modify(&softrdma::QpAttr { state: Some(softrdma::QpState::Error), ..Default::default() })
+        .unwrap();
     for p in [p1, p2] {
         let d = p.wait_timeout(WAIT).expect("a flushed receive completes");
         assert_eq!(d.status(), WcStatus::WrFlushErr);

@@ -84,7 +84,13 @@ pub fn mandelbrot(width: u32, height: u32) -> RgbaImage {
 }
 
 /// Writes the result bytes as a PNG.
-pub fn save(task: Task, width: u32, height: u32, bytes: Vec<u8>, path: &std::path::Path) -> image::ImageResult<()> {
+pub fn save(
+    task: Task,
+    width: u32,
+    height: u32,
+    bytes: Vec<u8>,
+    path: &std::path::Path,
+) -> image::ImageResult<()> {
     if task.out_channels() == 4 {
         let img: RgbaImage = ImageBuffer::from_raw(width, height, bytes).expect("sized by the task");
         img.save(path)

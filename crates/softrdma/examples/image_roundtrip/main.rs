@@ -160,7 +160,10 @@ fn socket_addr(s: &str) -> Result<SocketAddr, BoxError> {
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);
     }
-    Ok(SocketAddr::new(s.parse::<IpAddr>().map_err(|_| format!("{s:?} is not ADDRESS[:PORT]"))?, DEFAULT_PORT))
+    Ok(SocketAddr::new(
+        s.parse::<IpAddr>().map_err(|_| format!("{s:?} is not ADDRESS[:PORT]"))?,
+        DEFAULT_PORT,
+    ))
 }
 
 /// No `--server` or `--connect`: a server process on one loopback address, this process
@@ -254,7 +257,8 @@ fn client(args: &Args, at: &str, variant: Variant, bind: Option<IpAddr>) -> Resu
     let link = make_link(Ep::create(&info[0], None, None)?)?;
     let Link { mut ep, pd, conn } = link;
     let write_imm = variant == Variant::WriteImm;
-    let reply_access = if write_imm { Access::LOCAL_WRITE | Access::REMOTE_WRITE } else { Access::LOCAL_WRITE };
+    let reply_access =
+        if write_imm { Access::LOCAL_WRITE | Access::REMOTE_WRITE } else { Access::LOCAL_WRITE };
     let result = Buffer::<u8>::with_access(&pd, out_len, reply_access)?;
     let reply_at = result.remote().unwrap_or(RemoteRegion { addr: 0, len: 0, rkey: 0 });
     let ready = conn.recv(Buffer::<Ready>::new(&pd, 1)?)?;
@@ -336,11 +340,14 @@ fn finish(
     ep.disconnect()?;
     drop(ep);
     let t = Instant::now();
-    let want = imaging::process(args.task, args.sigma, width, height, pixels.to_vec()).ok_or("bad dimensions")?;
+    let want =
+        imaging::process(args.task, args.sigma, width, height, pixels.to_vec()).ok_or("bad dimensions")?;
     let local = t.elapsed();
     if got != want {
         let wrong = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-        return Err(format!("the result differs from local processing in {wrong} of {} bytes", want.len()).into());
+        return Err(
+            format!("the result differs from local processing in {wrong} of {} bytes", want.len()).into()
+        );
     }
     let name = format!("softrdma-roundtrip-{:?}-{:?}.png", args.task, variant).to_lowercase();
     let path = args.output.clone().unwrap_or_else(|| std::env::temp_dir().join(name));

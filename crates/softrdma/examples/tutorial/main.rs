@@ -22,7 +22,8 @@ fn main() -> ExitCode {
         ["server", at] => at.parse::<SocketAddr>().map_err(Into::into).and_then(|a| pingpong::listener(a, 0)),
         ["client", at, variant, rest @ ..] => (|| {
             let at: SocketAddr = at.parse()?;
-            let v = pingpong::Variant::parse(variant).ok_or("variants: send-recv-busy, send-recv-notify, write-read, write-read-unsignaled")?;
+            let v = pingpong::Variant::parse(variant)
+                .ok_or("variants: send-recv-busy, send-recv-notify, write-read, write-read-unsignaled")?;
             let iters = rest.first().map(|s| s.parse()).transpose()?.unwrap_or(20_000);
             let size = rest.get(1).map(|s| s.parse()).transpose()?.unwrap_or(64);
             let o = pingpong::client(at, None, v, iters, size)?;

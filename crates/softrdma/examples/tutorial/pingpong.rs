@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use softrdma::cm::{getaddrinfo, AddrHints, ConnParam, Ep};
 use softrdma::{
-    Access, CompletionChannel, CompletionQueue, MemoryRegion, QpBuilder, QpCaps, RemoteRegion, SendFlags, WcStatus,
-    WorkCompletion,
+    Access, CompletionChannel, CompletionQueue, MemoryRegion, QpBuilder, QpCaps, RemoteRegion, SendFlags,
+    WcStatus, WorkCompletion,
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -110,7 +110,13 @@ impl Usage {
 
     fn from_bytes(b: &[u8]) -> Option<Usage> {
         let v = |i: usize| Some(u64::from_le_bytes(b.get(i * 8..i * 8 + 8)?.try_into().ok()?));
-        Some(Usage { user_us: v(0)?, sys_us: v(1)?, proc_user_us: v(2)?, proc_sys_us: v(3)?, elapsed_us: v(4)? })
+        Some(Usage {
+            user_us: v(0)?,
+            sys_us: v(1)?,
+            proc_user_us: v(2)?,
+            proc_sys_us: v(3)?,
+            elapsed_us: v(4)?,
+        })
     }
 
     fn pct(part: u64, whole: u64) -> f64 {
@@ -216,8 +222,11 @@ impl Completions {
             //    less); the passive form leaves them to the progress thread, which is
             //    the CA here, so that a passive side's thread does nothing at all.
             let left = deadline.saturating_duration_since(Instant::now());
-            let event =
-                if self.passive { self.channel.get_event_passive(left)? } else { self.channel.get_event_timeout(left)? };
+            let event = if self.passive {
+                self.channel.get_event_passive(left)?
+            } else {
+                self.channel.get_event_timeout(left)?
+            };
             if event.is_some() {
                 // 8. ibv_ack_cq_events() acknowledges it.
                 self.channel.ack_events(1);
@@ -255,7 +264,8 @@ fn setup_endpoint(
     let cq = ctx.create_cq(16, Some(&channel))?;
     // 5. create queue pair to give CA transfer metadata.
     let caps = QpCaps { max_send_wr: 8, max_recv_wr: 8, ..QpCaps::default() };
-    let builder = QpBuilder::rc().caps(caps).access(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ);
+    let builder =
+        QpBuilder::rc().caps(caps).access(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ);
     ep.create_qp(&pd, &builder, &cq, &cq)?;
     // 6-7. allocate user virtual memory and register it with the CA (rdma_reg_msgs):
     //      softrdma's registration allocates it.
@@ -265,7 +275,13 @@ fn setup_endpoint(
 
 /// The client: connects, runs `iters` ping-pongs of `size` bytes, and returns both sides'
 /// figures.
-pub fn client(server: SocketAddr, src: Option<IpAddr>, variant: Variant, iters: u32, size: u32) -> Result<Outcome, BoxError> {
+pub fn client(
+    server: SocketAddr,
+    src: Option<IpAddr>,
+    variant: Variant,
+    iters: u32,
+    size: u32,
+) -> Result<Outcome, BoxError> {
     // --- Setup phase ---
     // 1. process command-line options: the arguments.
     // 2. convert DNS name and port number (rdma_getaddrinfo).
@@ -278,12 +294,20 @@ pub fn client(server: SocketAddr, src: Option<IpAddr>, variant: Variant, iters: 
     let (cq, mr) = setup_endpoint(&mut ep, variant.busy(), false, 2 * size + 64, Access::LOCAL_WRITE)?;
     let report_at = 2 * size;
     // 8. create connection with server (rdma_connect).
-    ep.connect(&ConnParam { private_data: offer(variant, iters, size as u32), rnr_retry_count: 7, ..ConnParam::default() })?;
+    ep.connect(&ConnParam {
+        private_data: offer(variant, iters, size as u32),
+        rnr_retry_count: 7,
+        ..ConnParam::default()
+    })?;
     let remote = if variant.one_sided() {
         let pd = &ep.peer_param().ok_or("no reply from the agent")?.private_data;
         let word = |i: usize| pd.get(i..i + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
         let (addr, len, rkey) = (word(0), word(8), word(16));
-        Some(RemoteRegion { addr: addr.ok_or("no region")?, len: len.ok_or("no region")?, rkey: rkey.ok_or("no region")? as u32 })
+        Some(RemoteRegion {
+            addr: addr.ok_or("no region")?,
+            len: len.ok_or("no region")?,
+            rkey: rkey.ok_or("no region")? as u32,
+        })
     } else {
         None
     };
@@ -475,8 +499,14 @@ pub fn print_table(outcomes: &[Outcome]) {
     rows.sort_by(|a, b| a.rtt_us.total_cmp(&b.rtt_us));
     println!(
         "{:<48} {:>9} | {:>13} {:>8} {:>8} | {:>13} {:>8} {:>8}",
-        "ping-pong (ranked by round-trip time)", "RTT us", "client user %", "kernel %", "process %", "server user %",
-        "kernel %", "process %"
+        "ping-pong (ranked by round-trip time)",
+        "RTT us",
+        "client user %",
+        "kernel %",
+        "process %",
+        "server user %",
+        "kernel %",
+        "process %"
     );
     for o in rows {
         println!(
@@ -500,7 +530,12 @@ pub fn print_table(outcomes: &[Outcome]) {
 
 /// Runs the four ping-pongs between this process (the client) and a server process
 /// started as `program server_args... ADDR:PORT`, and prints the table.
-pub fn run_all(program: &std::path::Path, server_args: &[&str], iters: u32, size: u32) -> Result<(), BoxError> {
+pub fn run_all(
+    program: &std::path::Path,
+    server_args: &[&str],
+    iters: u32,
+    size: u32,
+) -> Result<(), BoxError> {
     use std::io::BufRead;
     let n = 2 + (std::process::id() % 200) as u8;
     let at = SocketAddr::new(IpAddr::from([127, 0, 36, n]), 7472);
@@ -514,7 +549,10 @@ pub fn run_all(program: &std::path::Path, server_args: &[&str], iters: u32, size
     std::io::BufReader::new(child.stdout.take().ok_or("no pipe")?).read_line(&mut line)?;
     let outcome = if line.starts_with("listening") {
         println!("{iters} round trips of {size} bytes each, client on {client_ip}, server process on {at}\n");
-        Variant::ALL.into_iter().map(|v| client(at, Some(client_ip), v, iters, size)).collect::<Result<Vec<_>, _>>()
+        Variant::ALL
+            .into_iter()
+            .map(|v| client(at, Some(client_ip), v, iters, size))
+            .collect::<Result<Vec<_>, _>>()
     } else {
         Err(format!("the server did not start: {line:?}").into())
     };
