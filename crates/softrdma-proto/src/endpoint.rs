@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use crate::cm::{CmAgent, CmConfig};
 use crate::memory::{Memory, PdId};
-use crate::qp::{QpConfig, QueuePair, Srq, SrqId, Transmit};
+use crate::qp::{QpConfig, QpType, QueuePair, Srq, SrqId, Transmit};
 use crate::wire::mad::MAD_LEN;
 use crate::wire::{
     icrc, pkey_match, BthRepr, DethRepr, Opcode, Operation, Packet, PacketRepr, Transport, DEFAULT_PKEY,
@@ -61,6 +61,39 @@ pub struct EndpointStats {
     /// Packets to QP1 that are not GSI MADs (wrong opcode, Q_Key or length), or that came
     /// while the CM is off.
     pub gsi_dropped: u64,
+    /// Multicast packets (destination QP 0xFFFFFF) for a group no QP here is attached to,
+    /// or not sent to a multicast address.
+    pub mcast_unattached: u64,
+    /// Copies of multicast packets handed to attached QPs (one per QP per packet).
+    pub mcast_delivered: u64,
+}
+
+/// Most QPs of one endpoint attached to one multicast group (rxe: 56).
+pub const MAX_MCAST_QP_ATTACH: usize = 56;
+/// Most multicast groups one endpoint has QPs attached to (rxe: 8192).
+pub const MAX_MCAST_GROUPS: usize = 8192;
+
+/// Why a QP cannot be attached to a multicast group, or detached from one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum McastError {
+    /// No such QP.
+    #[error("no such QP")]
+    NoSuchQp,
+    /// Only UD QPs take multicast.
+    #[error("only UD QPs can be attached to multicast groups")]
+    NotUd,
+    /// The address is not an IPv4 (224.0.0.0/4) or IPv6 (ff00::/8) multicast address.
+    #[error("not a multicast address")]
+    NotMulticast,
+    /// The QP is already attached to the group.
+    #[error("the QP is already attached to the group")]
+    AlreadyAttached,
+    /// The QP is not attached to the group.
+    #[error("the QP is not attached to the group")]
+    NotAttached,
+    /// The group has `MAX_MCAST_QP_ATTACH` QPs, or the endpoint `MAX_MCAST_GROUPS` groups.
+    #[error("too many multicast attachments")]
+    TooMany,
 }
 
 /// How a datagram arrived.
@@ -121,6 +154,8 @@ pub struct Endpoint {
     gsi_psn: u32,
     /// Whether each peer the GSI heard from needed the ID-agnostic ICRC check.
     foreign: HashMap<IpAddr, bool>,
+    /// Multicast groups and the QPs attached to each, in attach order.
+    mcast: BTreeMap<IpAddr, Vec<u32>>,
 }
 
 impl Endpoint {
@@ -141,6 +176,7 @@ impl Endpoint {
             cm: None,
             gsi_psn: 0,
             foreign: HashMap::new(),
+            mcast: BTreeMap::new(),
         }
     }
 
@@ -242,10 +278,87 @@ impl Endpoint {
         self.srqs.remove(&id.0)
     }
 
-    /// Destroys a QP; packets for it are dropped from now on.
+    /// Destroys a QP; packets for it are dropped from now on. Its multicast attachments
+    /// go with it (see [`Self::mcast_groups`] for the groups to leave first).
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Option<QueuePair> {
+        for members in self.mcast.values_mut() {
+            members.retain(|&q| q != qpn.get());
+        }
+        self.mcast.retain(|_, m| !m.is_empty());
         // Its queue entries and heap entries go stale and are skipped.
         self.qps.remove(&qpn.get()).map(|s| s.qp)
+    }
+
+    /// Attaches a UD QP to the multicast group `group` (IBTA 10.5.2.1, `ibv_attach_mcast`):
+    /// from now on it gets a copy of every datagram sent to the group with destination QP
+    /// 0xFFFFFF and its Q_Key. Returns whether the group is new to this endpoint (the link
+    /// must then join it).
+    pub fn attach_mcast(&mut self, qpn: Qpn, group: IpAddr) -> Result<bool, McastError> {
+        let slot = self.qps.get(&qpn.get()).ok_or(McastError::NoSuchQp)?;
+        if slot.qp.qp_type() != QpType::Ud {
+            return Err(McastError::NotUd);
+        }
+        if !group.is_multicast() {
+            return Err(McastError::NotMulticast);
+        }
+        let first = !self.mcast.contains_key(&group);
+        if first && self.mcast.len() >= MAX_MCAST_GROUPS {
+            return Err(McastError::TooMany);
+        }
+        let members = self.mcast.entry(group).or_default();
+        if members.contains(&qpn.get()) {
+            return Err(McastError::AlreadyAttached);
+        }
+        if members.len() >= MAX_MCAST_QP_ATTACH {
+            return Err(McastError::TooMany);
+        }
+        members.push(qpn.get());
+        Ok(first)
+    }
+
+    /// Detaches a QP from a group; returns whether it was the group's last QP here (the
+    /// link may then leave it).
+    pub fn detach_mcast(&mut self, qpn: Qpn, group: IpAddr) -> Result<bool, McastError> {
+        let members = self.mcast.get_mut(&group).ok_or(McastError::NotAttached)?;
+        let at = members.iter().position(|&q| q == qpn.get()).ok_or(McastError::NotAttached)?;
+        members.remove(at);
+        let last = members.is_empty();
+        if last {
+            self.mcast.remove(&group);
+        }
+        Ok(last)
+    }
+
+    /// The groups `qpn` is attached to.
+    pub fn mcast_groups(&self, qpn: Qpn) -> Vec<IpAddr> {
+        self.mcast.iter().filter(|(_, m)| m.contains(&qpn.get())).map(|(g, _)| *g).collect()
+    }
+
+    /// A datagram to destination QP 0xFFFFFF that passed the ICRC check: a copy for every
+    /// QP attached to the group it was sent to (each QP checks the Q_Key and takes a
+    /// posted receive, or drops it and counts it), but not for the QP that sent it.
+    fn handle_mcast(&mut self, now: Duration, arrival: Arrival, pkt: &Packet<&[u8]>, mem: &mut dyn Memory) {
+        let group = arrival.dst.ip();
+        let Some(members) = self.mcast.get(&group).filter(|_| group.is_multicast()).cloned() else {
+            tracing::debug!(src = %arrival.src, %group, "dropped: multicast for a group no QP is attached to");
+            self.stats.mcast_unattached += 1;
+            return;
+        };
+        if !pkey_match(pkt.bth().pkey(), self.pkeys[0]) {
+            self.stats.pkey_violations += 1;
+            return;
+        }
+        let sender = pkt.deth().map(|d| d.src_qp().get());
+        for qpn in members {
+            if arrival.src.ip() == self.local.ip() && sender == Some(qpn) {
+                continue;
+            }
+            let Some(slot) = self.qps.get_mut(&qpn) else { continue };
+            touch(&mut self.touched, qpn, slot);
+            let srq = slot.qp.srq().and_then(|id| self.srqs.get_mut(&id.0));
+            slot.qp.handle_multicast(now, arrival, pkt, mem, srq);
+            self.stats.mcast_delivered += 1;
+        }
     }
 
     /// A QP.
@@ -288,7 +401,9 @@ impl Endpoint {
         if !exact {
             // Only QP1 (CM messages come from any RoCE sender) and a QP whose peer is
             // foreign accept the ID-agnostic check.
-            let may = qpn == GSI_QPN || self.qps.get(&qpn).is_some_and(|s| s.qp.foreign_peer());
+            let may = qpn == GSI_QPN
+                || qpn == Qpn::MULTICAST.get()
+                || self.qps.get(&qpn).is_some_and(|s| s.qp.foreign_peer());
             let agnostic = match (src, dst) {
                 (SocketAddr::V4(s), SocketAddr::V4(d)) if may => {
                     icrc::solve_ipv4_ident(s, d, bytes).is_some()
@@ -303,6 +418,10 @@ impl Endpoint {
         }
         if qpn == GSI_QPN {
             self.handle_gsi(now, src.ip(), !exact, &pkt);
+            return;
+        }
+        if qpn == Qpn::MULTICAST.get() {
+            self.handle_mcast(now, arrival, &pkt, mem);
             return;
         }
         let Some(slot) = self.qps.get_mut(&qpn) else {

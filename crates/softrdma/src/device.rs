@@ -246,9 +246,10 @@ impl Device {
             max_mw: 0,
             max_raw_ipv6_qp: 0,
             max_raw_ethy_qp: 0,
-            max_mcast_grp: 0,
-            max_mcast_qp_attach: 0,
-            max_total_mcast_qp_attach: 0,
+            max_mcast_grp: softrdma_proto::endpoint::MAX_MCAST_GROUPS as u32,
+            max_mcast_qp_attach: softrdma_proto::endpoint::MAX_MCAST_QP_ATTACH as u32,
+            max_total_mcast_qp_attach: (softrdma_proto::endpoint::MAX_MCAST_GROUPS
+                * softrdma_proto::endpoint::MAX_MCAST_QP_ATTACH) as u32,
             max_ah: MAX_OBJECTS,
             max_fmr: 0,
             max_map_per_fmr: 0,
@@ -490,11 +491,11 @@ pub struct DeviceAttr {
     pub max_raw_ipv6_qp: u32,
     /// 0.
     pub max_raw_ethy_qp: u32,
-    /// 0: no multicast yet.
+    /// Multicast groups the device's QPs can be attached to (8192, as rxe).
     pub max_mcast_grp: u32,
-    /// 0.
+    /// QPs of the device attached to one group (56, as rxe).
     pub max_mcast_qp_attach: u32,
-    /// 0.
+    /// Attachments in all.
     pub max_total_mcast_qp_attach: u32,
     /// Address handles.
     pub max_ah: u32,

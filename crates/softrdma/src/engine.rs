@@ -14,7 +14,7 @@
 //!   never spins: idle, it blocks in `ppoll` with no timeout.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -313,8 +313,36 @@ impl Engine {
             }
         }
         Self::deliver(&mut core);
+        for group in core.endpoint.mcast_groups(qpn) {
+            if core.endpoint.detach_mcast(qpn, group) == Ok(true) {
+                core.link.leave(group);
+            }
+        }
         core.endpoint.destroy_qp(qpn);
         core.routes.remove(&qpn.get());
+    }
+
+    /// Attaches a UD QP to a multicast group; the link joins the group with the device's
+    /// first QP in it.
+    pub(crate) fn attach_mcast(&self, qpn: Qpn, group: IpAddr) -> Result<()> {
+        let mut core = self.lock();
+        let first = core.endpoint.attach_mcast(qpn, group).map_err(Error::Mcast)?;
+        if first {
+            if let Err(e) = core.link.join(group) {
+                let _ = core.endpoint.detach_mcast(qpn, group);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Detaches a QP from a group; the link leaves it with the device's last QP in it.
+    pub(crate) fn detach_mcast(&self, qpn: Qpn, group: IpAddr) -> Result<()> {
+        let mut core = self.lock();
+        if core.endpoint.detach_mcast(qpn, group).map_err(Error::Mcast)? {
+            core.link.leave(group);
+        }
+        Ok(())
     }
 
     /// Runs `f` on a QP (read-only queries: state, attributes, counters).

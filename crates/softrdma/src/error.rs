@@ -65,6 +65,20 @@ pub enum Error {
         /// The size asked for.
         bytes: usize,
     },
+    /// The group's MTU, set by its first member, is larger than this device's active
+    /// MTU: the device cannot join while the group has members.
+    #[error("cannot join {group}: its MTU is {group_mtu} (set by its first member), this device's is {device_mtu}")]
+    GroupMtu {
+        /// The group.
+        group: std::net::IpAddr,
+        /// The group's MTU in bytes.
+        group_mtu: u32,
+        /// This device's active MTU in bytes.
+        device_mtu: u32,
+    },
+    /// A multicast attach or detach was refused.
+    #[error(transparent)]
+    Mcast(#[from] softrdma_proto::endpoint::McastError),
     /// A work request completed with an error status (from
     /// [`crate::managed::Done::check`]).
     #[error("work request failed: {0}")]
@@ -99,6 +113,8 @@ impl Error {
             },
             Error::TimedOut(_) => libc::ETIMEDOUT,
             Error::Failed(_) => libc::EIO,
+            Error::Mcast(softrdma_proto::endpoint::McastError::TooMany) => libc::ENOMEM,
+            Error::Mcast(_) | Error::GroupMtu { .. } => libc::EINVAL,
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }
     }

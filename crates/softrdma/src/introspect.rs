@@ -129,25 +129,31 @@ fn snapshot() -> ProcessRes {
     }
 }
 
-/// Opens the socket and serves it from a thread of its own; any failure leaves the process
-/// without one (and says so once).
-fn start() {
-    if std::env::var(RES_ENV).is_ok_and(|v| v == "off" || v == "0") {
-        return;
-    }
+/// [`socket_dir`], created if need be, if it is a directory of this user's that no one
+/// else may enter.
+pub(crate) fn private_dir() -> Option<PathBuf> {
     let dir = socket_dir();
     let ok = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir).is_ok()
         && std::fs::metadata(&dir).is_ok_and(|m| {
             // SAFETY: getuid cannot fail.
             m.is_dir() && m.uid() == unsafe { libc::getuid() } && m.permissions().mode() & 0o077 == 0
         });
-    if !ok {
-        eprintln!(
-            "softrdma: {} is not a private directory of this user; no introspection socket",
-            dir.display()
-        );
+    ok.then_some(dir)
+}
+
+/// Opens the socket and serves it from a thread of its own; any failure leaves the process
+/// without one (and says so once).
+fn start() {
+    if std::env::var(RES_ENV).is_ok_and(|v| v == "off" || v == "0") {
         return;
     }
+    let Some(dir) = private_dir() else {
+        eprintln!(
+            "softrdma: {} is not a private directory of this user; no introspection socket",
+            socket_dir().display()
+        );
+        return;
+    };
     let path = dir.join(format!("{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let Ok(listener) = UnixListener::bind(&path) else { return };

@@ -40,6 +40,7 @@ mod error;
 mod introspect;
 mod link;
 pub mod managed;
+pub mod mcast;
 mod memory;
 mod pd;
 mod qp;

@@ -17,7 +17,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -76,19 +76,31 @@ pub(crate) trait Link: Send + fmt::Debug {
     /// Stops using GSO (the kernel refused a train).
     fn disable_gso(&mut self);
 
-    /// File descriptors that become readable when datagrams arrive.
+    /// File descriptors that become readable when datagrams arrive. They stay the same
+    /// for the link's life, whatever groups it joins.
     fn fds(&self) -> Vec<RawFd>;
+
+    /// Starts receiving datagrams sent to the multicast group `group` (at the device's
+    /// port), joining it on the device's interface.
+    fn join(&mut self, group: IpAddr) -> Result<()>;
+
+    /// Stops receiving the group's datagrams.
+    fn leave(&mut self, group: IpAddr);
 
     /// How soon the link will have something to deliver that no fd announces (the memory
     /// network's delayed datagrams); `None` for never.
     fn next_wake(&self) -> Option<Duration>;
 }
 
-/// UDP sockets.
+/// UDP sockets: the device's, then one per multicast group joined.
 pub(crate) struct UdpLink {
     sockets: Vec<(UdpSocket, SocketAddr)>,
     rx: RecvBatch,
     gso: bool,
+    /// Readable while a group socket is: what waiting threads watch for group traffic.
+    groups: sys::Epoll,
+    /// The device's interface index (for IPv6 group joins); 0 if unknown.
+    ifindex: u32,
 }
 
 impl fmt::Debug for UdpLink {
@@ -102,10 +114,20 @@ impl UdpLink {
     pub(crate) fn bind(addr: SocketAddr) -> Result<UdpLink> {
         let socket = bind(addr)?;
         let local = canonical(socket.local_addr()?);
+        let ifindex = sys::interfaces::find(local.ip()).ok().flatten().map_or(0, |i| i.index);
+        // Multicast leaves from the device's own interface and address.
+        let s2 = socket2::SockRef::from(&socket);
+        let _ = match local.ip() {
+            IpAddr::V4(v4) if !v4.is_unspecified() => s2.set_multicast_if_v4(&v4),
+            IpAddr::V6(_) if ifindex != 0 => s2.set_multicast_if_v6(ifindex),
+            _ => Ok(()),
+        };
         Ok(UdpLink {
             sockets: vec![(socket, local)],
             rx: RecvBatch::new(RX_BATCH, RX_SLOT),
             gso: std::env::var_os("SOFTRDMA_NO_GSO").is_none(),
+            groups: sys::Epoll::new()?,
+            ifindex,
         })
     }
 
@@ -166,12 +188,61 @@ impl Link for UdpLink {
     }
 
     fn fds(&self) -> Vec<RawFd> {
-        self.sockets.iter().map(|(s, _)| s.as_raw_fd()).collect()
+        vec![self.sockets[0].0.as_raw_fd(), self.groups.fd()]
+    }
+
+    fn join(&mut self, group: IpAddr) -> Result<()> {
+        let local = self.sockets[0].1;
+        if self.sockets.iter().any(|(_, l)| l.ip() == group) {
+            return Ok(());
+        }
+        let socket = bind_group(group, local, self.ifindex)?;
+        self.groups.add(socket.as_raw_fd())?;
+        self.sockets.push((socket, SocketAddr::new(group, local.port())));
+        Ok(())
+    }
+
+    fn leave(&mut self, group: IpAddr) {
+        if let Some(k) = self.sockets.iter().skip(1).position(|(_, l)| l.ip() == group) {
+            let (socket, _) = self.sockets.remove(k + 1);
+            let _ = self.groups.remove(socket.as_raw_fd());
+            // Closing the socket drops the membership.
+        }
     }
 
     fn next_wake(&self) -> Option<Duration> {
         None
     }
+}
+
+/// A socket that receives a multicast group's datagrams at the device's port: bound to
+/// the group's address (so it gets only that group's traffic), shared with other
+/// processes on the host that joined the same group (`SO_REUSEADDR`: each gets a copy),
+/// joined on the device's interface. Joining needs no privilege; the kernel sends the
+/// IGMP or MLD report.
+fn bind_group(group: IpAddr, device: SocketAddr, ifindex: u32) -> Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let domain = if group.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+    let s = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
+    s.set_reuse_address(true)?;
+    let fd = s.as_raw_fd();
+    sys::enable_recv_meta(fd, group.is_ipv6());
+    if std::env::var_os("SOFTRDMA_NO_GRO").is_none() {
+        sys::enable_gro(fd);
+    }
+    if group.is_ipv6() {
+        let _ = s.set_only_v6(true);
+        sys::setsockopt_int(fd, libc::IPPROTO_UDP, 102 /* UDP_NO_CHECK6_RX */, 1);
+    }
+    let _ = s.set_recv_buffer_size(8 << 20);
+    s.set_nonblocking(true)?;
+    s.bind(&SocketAddr::new(group, device.port()).into())?;
+    match (group, device.ip()) {
+        (IpAddr::V4(g), IpAddr::V4(d)) => s.join_multicast_v4(&g, &d)?,
+        (IpAddr::V6(g), _) => s.join_multicast_v6(&g, ifindex)?,
+        (IpAddr::V4(_), IpAddr::V6(_)) => return Err(Error::InvalidArgument("an IPv4 group on an IPv6 device")),
+    }
+    Ok(s.into())
 }
 
 /// Binds a device socket: non-blocking, DF with IP ID 0 on every datagram (so that ICRCs
@@ -367,6 +438,15 @@ impl Link for MemoryLink {
     fn fds(&self) -> Vec<RawFd> {
         vec![self.inbox.signal.as_raw_fd()]
     }
+
+    fn join(&mut self, _group: IpAddr) -> Result<()> {
+        Err(Error::Io(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "the in-memory network has no multicast: open the device on a real address",
+        )))
+    }
+
+    fn leave(&mut self, _group: IpAddr) {}
 
     fn next_wake(&self) -> Option<Duration> {
         let net = self.net.lock();

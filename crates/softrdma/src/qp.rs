@@ -257,6 +257,7 @@ impl ProtectionDomain {
             },
             pd: self.clone(),
             _cqs: [send_cq.clone(), recv_cq.clone()],
+            groups: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -376,6 +377,8 @@ pub struct QueuePair {
     init: QpInitAttr,
     pd: ProtectionDomain,
     _cqs: [CompletionQueue; 2],
+    /// The multicast groups it is attached to, with its place in each group's registry.
+    groups: std::sync::Mutex<Vec<(std::net::IpAddr, crate::mcast::Membership)>>,
 }
 
 impl QueuePair {
@@ -468,6 +471,51 @@ impl QueuePair {
     /// Counters.
     pub fn stats(&self) -> QpStats {
         self.ctx.engine.with_qp(self.qpn, |q| q.stats()).unwrap_or_default()
+    }
+
+    /// Attaches this UD QP to the multicast group `group` (`ibv_attach_mcast`, with the
+    /// group as an IP address; [`crate::mcast::group_of_mgid`] converts an MGID): from now
+    /// on it receives a copy of every datagram sent to the group's address at the device's
+    /// port with destination QP 0xFFFFFF and this QP's Q_Key, one per posted receive
+    /// (with no receive posted, the datagram is lost and counted in
+    /// [`QpStats::dropped`]). To send to the group, post a UD send to
+    /// `UdDest { addr: (group, port), qpn: Qpn::MULTICAST, .. }`; a QP does not receive its
+    /// own datagrams. Returns the group's MTU: the first member's active MTU
+    /// ([`crate::mcast`]); a device with a smaller active MTU is refused
+    /// ([`Error::GroupMtu`]), and sends to the group must fit the group's MTU.
+    pub fn attach_mcast(&self, group: std::net::IpAddr) -> Result<crate::Mtu> {
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        if groups.iter().any(|(g, _)| *g == group) {
+            return Err(softrdma_proto::endpoint::McastError::AlreadyAttached.into());
+        }
+        if self.qp_type != QpType::Ud {
+            return Err(softrdma_proto::endpoint::McastError::NotUd.into());
+        }
+        if !group.is_multicast() {
+            return Err(softrdma_proto::endpoint::McastError::NotMulticast.into());
+        }
+        let who = format!("{} {:#x}", self.ctx.engine.local(), self.qpn.get());
+        let (membership, mtu) = crate::mcast::Membership::join(group, self.ctx.device.active_mtu(), &who)?;
+        self.ctx.engine.attach_mcast(self.qpn, group)?;
+        groups.push((group, membership));
+        Ok(mtu)
+    }
+
+    /// Detaches this QP from a group (`ibv_detach_mcast`).
+    pub fn detach_mcast(&self, group: std::net::IpAddr) -> Result<()> {
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let at = groups
+            .iter()
+            .position(|(g, _)| *g == group)
+            .ok_or(softrdma_proto::endpoint::McastError::NotAttached)?;
+        self.ctx.engine.detach_mcast(self.qpn, group)?;
+        groups.remove(at);
+        Ok(())
+    }
+
+    /// The groups this QP is attached to.
+    pub fn mcast_groups(&self) -> Vec<std::net::IpAddr> {
+        self.groups.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(g, _)| *g).collect()
     }
 }
 

@@ -32,7 +32,7 @@ mod srq;
 mod wr;
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 pub use attr::{ModifyError, Mtu, QpAttr, QpAttrMask, QpState, QpType};
@@ -270,6 +270,9 @@ pub struct QueuePair {
     stats: QpStats,
     /// The peer is not softrdma (Linux rxe, a RoCE NIC): see [`Self::set_foreign_peer`].
     foreign_peer: bool,
+    /// While a multicast packet is handled: the group it was sent to (the destination in
+    /// the receive buffer's GRH area).
+    mcast_dst: Option<IpAddr>,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -296,6 +299,7 @@ impl QueuePair {
             mtu: Mtu::Mtu1024,
             remote: None,
             peer_port: None,
+            mcast_dst: None,
             traffic_class: 0,
             dest_qpn: Qpn::new(0),
             max_rd_atomic: 0,
@@ -594,6 +598,21 @@ impl QueuePair {
     /// Runs the timers that are due at `now`.
     pub fn handle_timeout(&mut self, now: Duration) {
         self.requester_timeout(now);
+    }
+
+    /// Handles a multicast packet for a group this QP is attached to (the endpoint picks
+    /// the QPs): a UD receive whose GRH area names the group as the destination.
+    pub fn handle_multicast(
+        &mut self,
+        now: Duration,
+        arrival: crate::endpoint::Arrival,
+        pkt: &Packet<&[u8]>,
+        mem: &mut dyn Memory,
+        srq: Option<&mut Srq>,
+    ) {
+        self.mcast_dst = Some(arrival.dst.ip());
+        self.handle_packet(now, arrival.src, arrival.tos, pkt, mem, srq);
+        self.mcast_dst = None;
     }
 
     /// Handles a packet addressed to this QP that passed the ICRC check, from `src`, that

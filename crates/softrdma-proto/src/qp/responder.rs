@@ -497,7 +497,8 @@ impl QueuePair {
             self.recv_cq.push_back(wc);
             return;
         }
-        let grh = grh_area(src.ip(), self.cfg.local.ip(), tos, pkt.as_bytes().len());
+        let dst = self.mcast_dst.unwrap_or(self.cfg.local.ip());
+        let grh = grh_area(src.ip(), dst, tos, pkt.as_bytes().len());
         let pd = self.cfg.pd;
         if scatter(mem, pd, &wqe.sgl, 0, &grh).and_then(|_| scatter(mem, pd, &wqe.sgl, 40, data)).is_err() {
             wc.status = WcStatus::LocProtErr;

@@ -444,6 +444,45 @@ pub(crate) fn enable_recv_meta(fd: RawFd, ipv6: bool) -> bool {
     opts.iter().all(|&(level, name)| setsockopt_int(fd, level, name, 1))
 }
 
+/// An epoll set, level-triggered for reading: one descriptor that is readable while any
+/// of its members is (the link's multicast sockets, which come and go while threads wait
+/// on the link's descriptors).
+#[derive(Debug)]
+pub(crate) struct Epoll(OwnedFd);
+
+impl Epoll {
+    pub(crate) fn new() -> io::Result<Epoll> {
+        // SAFETY: epoll_create1 takes flags only.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor this struct now owns.
+        Ok(Epoll(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: fd as u64 };
+        // SAFETY: a live epoll descriptor, a caller's descriptor and a valid event struct.
+        if unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &mut ev) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn add(&self, fd: RawFd) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_ADD, fd)
+    }
+
+    pub(crate) fn remove(&self, fd: RawFd) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_DEL, fd)
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
 /// Sets an integer socket option; false if the kernel refused.
 pub(crate) fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> bool {
     // SAFETY: passes a pointer to a live c_int and its size to setsockopt.
