@@ -194,3 +194,59 @@ fn attaching_refuses_what_cannot_be_multicast() {
     // MGIDs: the RoCEv2 mapping both ways.
     assert_eq!(group_of_mgid(mgid_of(group).unwrap()), Some(group));
 }
+
+/// rdma_cm's way (mckey's): a UD ID resolved to the group from a source address, its QP,
+/// `join_multicast` and the JOIN event whose UD parameters address the group.
+#[test]
+fn cm_ids_join_and_leave_groups_with_events() {
+    use softrdma::cm::{CmEventKind, CmId, EventChannel, PortSpace, UDP_QKEY};
+    let group: IpAddr = "239.40.0.7".parse().unwrap();
+    let join = |src: [u8; 4]| {
+        let ch = EventChannel::new().unwrap();
+        let id = CmId::new(&ch, PortSpace::Udp);
+        id.resolve_addr(Some(IpAddr::from(src)), SocketAddr::new(group, 0), WAIT).unwrap();
+        assert_eq!(ch.get_event_timeout(WAIT).unwrap().kind, CmEventKind::AddrResolved);
+        let ctx = id.context().unwrap();
+        let (pd, cq) = (ctx.alloc_pd(), ctx.create_cq(64, None).unwrap());
+        let qp = id.create_qp(&pd, &QpBuilder::ud(UDP_QKEY), &cq, &cq).unwrap();
+        let mr = pd.register(64 * 1024, Access::LOCAL_WRITE).unwrap();
+        for i in 0..8u64 {
+            qp.post_recv(RecvWr { wr_id: i, sg_list: vec![mr.sge(i as usize * 4096, 4096).unwrap()] }).unwrap();
+        }
+        id.join_multicast(group).unwrap();
+        let ev = ch.get_event_timeout(WAIT).unwrap();
+        assert_eq!((ev.kind, ev.status), (CmEventKind::MulticastJoin, 0));
+        let ud = ev.ud.expect("the JOIN event's UD parameters");
+        assert_eq!((ud.qpn, ud.qkey, ud.addr.ip()), (Qpn::MULTICAST, UDP_QKEY, group));
+        assert_eq!(qp.mcast_groups(), [group], "the ID's QP was attached");
+        (ch, id, ctx, qp, cq, mr, ud)
+    };
+    let (_c1, id1, _x1, qp1, cq1, mr1, ud) = join([127, 0, 40, 51]);
+    let (_c2, _id2, _x2, _qp2, cq2, mr2, _) = join([127, 0, 40, 52]);
+    let send = |text: &[u8]| {
+        mr1.write(60 * 1024, text).unwrap();
+        qp1.post_send(SendWr {
+            wr_id: 7,
+            op: SendOp::Send,
+            sg_list: vec![mr1.sge(60 * 1024, text.len()).unwrap()],
+            flags: SendFlags { signaled: true, ..Default::default() },
+            ud: Some(UdDest { addr: ud.addr, qpn: ud.qpn, qkey: ud.qkey, traffic_class: 0 }),
+        })
+        .unwrap();
+        assert_eq!(cq1.wait_one_timeout(WAIT).unwrap().status, WcStatus::Success);
+    };
+    send(b"mckey says hi");
+    let wc = cq2.wait_one_timeout(WAIT).expect("the other member receives");
+    assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 40 + 13));
+    let mut body = [0u8; 13];
+    mr2.read(wc.wr_id as usize * 4096 + 40, &mut body).unwrap();
+    assert_eq!(&body, b"mckey says hi");
+    // Leaving detaches the ID's QP; leaving twice is refused.
+    id1.leave_multicast(group).unwrap();
+    assert!(qp1.mcast_groups().is_empty());
+    assert!(id1.leave_multicast(group).is_err());
+    // A unicast address is no group; an RC ID has no multicast.
+    assert!(id1.join_multicast("127.0.0.1".parse().unwrap()).is_err());
+    let ch = EventChannel::new().unwrap();
+    assert!(CmId::new(&ch, PortSpace::Tcp).join_multicast(group).is_err());
+}

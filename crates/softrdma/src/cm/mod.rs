@@ -388,6 +388,8 @@ struct IdState {
     children: HashMap<CommId, Weak<IdInner>>,
     /// The port reserved in the process's table.
     reserved: Option<(IpAddr, u16, u16)>,
+    /// The multicast groups joined.
+    joined: Vec<IpAddr>,
 }
 
 #[derive(Debug)]
@@ -545,6 +547,67 @@ impl CmId {
         };
         ending.run();
         drop(qp);
+    }
+
+    /// Joins the multicast group `group` (`rdma_join_multicast`) on the ID's device, which
+    /// `resolve_addr` (to the group, from a source address) or `bind_addr` chose. The ID's
+    /// UD QP, if it has one, is attached to the group. Reports MULTICAST_JOIN with the
+    /// group's address, QP 0xFFFFFF and Q_Key 0x01234567 in its UD parameters (what a
+    /// UD send to the group takes), or MULTICAST_ERROR with the reason (a device whose
+    /// MTU is below the group's, [`crate::QueuePair::attach_mcast`]).
+    pub fn join_multicast(&self, group: IpAddr) -> Result<()> {
+        if self.inner.qp_type != QpType::Ud {
+            return Err(Error::CmState("multicast needs a UD ID (PortSpace::Udp or Ipoib)"));
+        }
+        if !group.is_multicast() {
+            return Err(Error::InvalidArgument("not a multicast address"));
+        }
+        let mut st = self.st();
+        let ctx = st.ctxs.first().cloned().ok_or(Error::CmState("join_multicast before the ID has a device"))?;
+        if st.joined.contains(&group) {
+            return Err(Error::CmState("the ID already joined the group"));
+        }
+        let attached = match &st.qp {
+            Some(qp) => qp.attach_mcast(group).map(|_| ()),
+            None => Ok(()),
+        };
+        let (kind, status, ud) = match attached {
+            Ok(()) => {
+                st.joined.push(group);
+                let addr = SocketAddr::new(group, ctx.local_addr().port());
+                (CmEventKind::MulticastJoin, 0, Some(UdParam { qpn: Qpn::MULTICAST, qkey: UDP_QKEY, addr }))
+            }
+            Err(e) => (CmEventKind::MulticastError, -e.errno(), None),
+        };
+        drop(st);
+        self.inner.chan().push(CmEvent {
+            kind,
+            id: self.clone(),
+            listen_id: None,
+            status,
+            param: ConnParam::default(),
+            ud,
+        });
+        Ok(())
+    }
+
+    /// Leaves a group joined with [`Self::join_multicast`] (`rdma_leave_multicast`): the
+    /// ID's QP is detached; no event.
+    pub fn leave_multicast(&self, group: IpAddr) -> Result<()> {
+        let mut st = self.st();
+        let at = st.joined.iter().position(|g| *g == group).ok_or(Error::CmState("the ID did not join the group"))?;
+        st.joined.remove(at);
+        if let Some(qp) = &st.qp {
+            if qp.mcast_groups().contains(&group) {
+                qp.detach_mcast(group)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The multicast groups the ID joined.
+    pub fn multicast_groups(&self) -> Vec<IpAddr> {
+        self.st().joined.clone()
     }
 
     /// Whether two handles name the same ID.
@@ -915,6 +978,7 @@ impl IdState {
             rep: None,
             children: HashMap::new(),
             reserved: None,
+            joined: Vec::new(),
         }
     }
 }
