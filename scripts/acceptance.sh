@@ -52,7 +52,9 @@ pair() {
   timeout 60 "${server[@]//@PORT@/$tcp}" >"$s_log" 2>&1 &
   local spid=$!
   kernel_tcp=
-  if [ "${wait_mode:-}" = cm ]; then
+  if [ "${wait_mode:-}" = mcast ]; then
+    wait_mcast $spid
+  elif [ "${wait_mode:-}" = cm ]; then
     wait_cm $spid
     # Whether the server listens on a kernel TCP port after all (an rsocket program that
     # fell back to TCP).
@@ -82,6 +84,16 @@ wait_listening() { # port server-pid
   for _ in $(seq 200); do
     ss -Hltn "sport = :$1" | grep -q . && return
     kill -0 "$2" 2>/dev/null || return
+    sleep 0.05
+  done
+}
+
+# A multicast receiver has joined once its device has a socket on the group's address.
+wait_mcast() { # server-pid
+  if ! command -v ss >/dev/null; then sleep 1; return; fi
+  for _ in $(seq 200); do
+    ss -Hlun "sport = :$SOFTRDMA_PORT" | grep -q "$mcast_group:" && return
+    kill -0 "$1" 2>/dev/null || return
     sleep 0.05
   done
 }
@@ -221,6 +233,14 @@ cm_pair ucmatose "-c 10 -C 100" $(on $srv_ip ucmatose -b $srv_ip -p @PORT@ -c 10
 # shellcheck disable=SC2086
 cm_pair udaddy "-c 5 -C 100" $(on $srv_ip udaddy -b $srv_ip -c 5 -C 100) :: \
   $(on $cli_ip udaddy -s $srv_ip -b $cli_ip -c 5 -C 100)
+# Multicast: mckey's receiver joins the group, then its sender (another process, another
+# address) joins and sends; every message must arrive (the receiver posts a receive for
+# each before joining).
+mcast_group=239.42.0.1
+# shellcheck disable=SC2086
+wait_mode=mcast pair mckey "-m $mcast_group -C 100 -S 1000" \
+  $(on $srv_ip mckey -m $mcast_group -b $srv_ip -C 100 -S 1000) :: \
+  $(on $cli_ip mckey -m $mcast_group -b $cli_ip -s -C 100 -S 1000)
 # shellcheck disable=SC2086
 cm_pair rdma_server "rdma_client" $(on $srv_ip rdma_server -p @PORT@) :: $(on $cli_ip rdma_client -s $srv_ip -p @PORT@)
 for prog in ib_send_bw ib_write_bw ib_send_lat; do

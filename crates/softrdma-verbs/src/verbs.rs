@@ -778,14 +778,35 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
 
 // ---- Not offered ---------------------------------------------------------------------
 
+/// Attaches a UD QP to the multicast group of an MGID (`::ffff:a.b.c.d` for an IPv4
+/// group, as RoCE v2 maps it; the LID is ignored, RoCE has none).
 #[no_mangle]
-pub unsafe extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const [u8; 16], _lid: u16) -> c_int {
-    libc::EOPNOTSUPP
+pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const [u8; 16], _lid: u16) -> c_int {
+    if qp.is_null() || gid.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller's GID, 16 bytes.
+    let Some(group) = softrdma::mcast::group_of_mgid(unsafe { ptr::read_unaligned(gid) }) else {
+        return libc::EINVAL;
+    };
+    // SAFETY: a live QP.
+    let q = unsafe { qp_of(qp) };
+    errno_of(guard_rt(|| q.rt.attach_mcast(group).map(|_| ())))
 }
 
+/// Detaches a QP from the group of an MGID.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const [u8; 16], _lid: u16) -> c_int {
-    libc::EOPNOTSUPP
+pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const [u8; 16], _lid: u16) -> c_int {
+    if qp.is_null() || gid.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller's GID, 16 bytes.
+    let Some(group) = softrdma::mcast::group_of_mgid(unsafe { ptr::read_unaligned(gid) }) else {
+        return libc::EINVAL;
+    };
+    // SAFETY: a live QP.
+    let q = unsafe { qp_of(qp) };
+    errno_of(guard_rt(|| q.rt.detach_mcast(group)))
 }
 
 /// The `ibv_qp_ex` of a QP created by `ibv_create_qp_ex` with send operations; NULL

@@ -18,7 +18,11 @@
 //! - events own their private data until `rdma_ack_cm_event`; an ID destroyed with events
 //!   still unacknowledged is freed at the last acknowledgement instead of waiting.
 //!
-//! Not provided: multicast (`rdma_join_multicast*` fail with ENOSYS), `RDMA_OPTION_IB_PATH`,
+//! - multicast: `rdma_join_multicast` attaches the ID's QP and reports MULTICAST_JOIN,
+//!   whose private data is the join's context (as librdmacm's); a send-only join
+//!   (`rdma_join_multicast_ex`, flags 1) is a full join.
+//!
+//! Not provided: `RDMA_OPTION_IB_PATH`,
 //! rsockets (the `r*` calls exist, since programs import them, and fail with ENOSYS;
 //! `rpoll` and `rselect` pass through to `poll` and `select`). `RDMA_OPTION_ID_TOS` and
 //! `RDMA_OPTION_ID_ACK_TIMEOUT` are accepted and recorded; the connection manager does
@@ -142,6 +146,9 @@ struct Id {
     /// Options recorded by `rdma_set_option`.
     tos: Option<u8>,
     ack_timeout: Option<u8>,
+    /// The multicast groups joined, each with the context `rdma_join_multicast` was given
+    /// (JOIN events carry it as their private data, as librdmacm's do).
+    mcast: Vec<(IpAddr, *mut c_void)>,
 }
 
 /// # Safety
@@ -201,6 +208,7 @@ fn new_id(rt: CmId, channel: *mut rdma_event_channel, context: *mut c_void, sync
         path: ibv_sa_path_rec::default(),
         tos: None,
         ack_timeout: None,
+        mcast: Vec::new(),
     }));
     lock(ids()).insert(key, id as usize);
     id
@@ -411,6 +419,77 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         rt_of(i)?.resolve_addr(src.map(|s| s.ip()), dst, ms(timeout_ms)).map_err(errno)?;
         refresh(i);
         complete(i)
+    })
+}
+
+/// Joins the group `addr` names (`rdma_join_multicast`): the ID's QP, if it has one, is
+/// attached; MULTICAST_JOIN follows with the group's address handle attributes, QP
+/// 0xFFFFFF and Q_Key 0x01234567, and `context` as its private data.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_join_multicast(
+    id: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+    context: *mut c_void,
+) -> c_int {
+    with_id(id, |i| {
+        // SAFETY: the caller's address.
+        let group = unsafe { read_sockaddr(addr) }.ok_or(libc::EINVAL)?.ip();
+        if !group.is_multicast() {
+            return Err(libc::EINVAL);
+        }
+        if i.mcast.iter().any(|(g, _)| *g == group) {
+            return Err(libc::EADDRINUSE);
+        }
+        i.mcast.push((group, context));
+        if let Err(e) = rt_of(i)?.join_multicast(group) {
+            i.mcast.retain(|(g, _)| *g != group);
+            return Err(errno(e));
+        }
+        complete(i)
+    })
+}
+
+/// `struct rdma_cm_join_mc_attr_ex`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct rdma_cm_join_mc_attr_ex {
+    comp_mask: u32,
+    join_flags: u32,
+    addr: *mut libc::sockaddr,
+}
+
+/// `rdma_join_multicast_ex`: a full member join (flags 0), or a send-only one (flags 1),
+/// which softrdma treats as a full join (the QP receives too).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_join_multicast_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut rdma_cm_join_mc_attr_ex,
+    context: *mut c_void,
+) -> c_int {
+    if attr.is_null() {
+        return ret(Err(libc::EINVAL));
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { ptr::read_unaligned(attr) };
+    // comp_mask bit 0: addr; bit 1: join_flags.
+    if a.comp_mask & !3 != 0 || a.comp_mask & 1 == 0 || (a.comp_mask & 2 != 0 && a.join_flags > 1) {
+        return ret(Err(libc::EINVAL));
+    }
+    // SAFETY: forwarded.
+    unsafe { rdma_join_multicast(id, a.addr, context) }
+}
+
+/// Leaves a group (`rdma_leave_multicast`): the ID's QP is detached.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
+    with_id(id, |i| {
+        // SAFETY: the caller's address.
+        let group = unsafe { read_sockaddr(addr) }.ok_or(libc::EINVAL)?.ip();
+        if !i.mcast.iter().any(|(g, _)| *g == group) {
+            return Err(libc::EADDRNOTAVAIL);
+        }
+        i.mcast.retain(|(g, _)| *g != group);
+        rt_of(i)?.leave_multicast(group).map_err(errno)
     })
 }
 
@@ -680,6 +759,13 @@ fn convert(ev: CmEvent) -> Option<*mut rdma_cm_event> {
     boxed.data[..n].copy_from_slice(&ev.param.private_data[..n]);
     let data_ptr = if n == 0 { ptr::null() } else { boxed.data.as_ptr().cast::<c_void>() };
     let sgid_index = ev.id.context().map_or(0, |c| c.device().gid_index as u8);
+    // A multicast event's private data is the context given to rdma_join_multicast.
+    let data_ptr = match (ev.kind, ev.ud) {
+        (CmEventKind::MulticastJoin | CmEventKind::MulticastError, Some(ud)) => {
+            i.mcast.iter().find(|(g, _)| *g == ud.addr.ip()).map_or(ptr::null(), |(_, c)| c.cast_const())
+        }
+        _ => data_ptr,
+    };
     boxed.ibv.param = match ev.ud {
         Some(ud) => rdma_event_param {
             ud: rdma_ud_param {

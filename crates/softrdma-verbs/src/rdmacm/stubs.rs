@@ -1,6 +1,5 @@
 //! librdmacm's calls that softrdma does not provide yet, present because programs linked
-//! with immediate binding import them: multicast (until multicast lands) and ECE. Each
-//! fails with a clear errno.
+//! with immediate binding import them: ECE. Each fails with a clear errno.
 
 use std::ffi::{c_int, c_void};
 
@@ -10,30 +9,6 @@ use crate::set_errno;
 fn unsupported(what: &str) -> c_int {
     eprintln!("softrdma: {what} is not supported yet");
     set_errno(libc::ENOSYS);
-    -1
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn rdma_join_multicast(
-    _id: *mut rdma_cm_id,
-    _addr: *mut libc::sockaddr,
-    _context: *mut c_void,
-) -> c_int {
-    unsupported("rdma_join_multicast (multicast)")
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn rdma_join_multicast_ex(
-    _id: *mut rdma_cm_id,
-    _attr: *mut c_void,
-    _context: *mut c_void,
-) -> c_int {
-    unsupported("rdma_join_multicast_ex (multicast)")
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn rdma_leave_multicast(_id: *mut rdma_cm_id, _addr: *mut libc::sockaddr) -> c_int {
-    set_errno(libc::EADDRNOTAVAIL);
     -1
 }
 

@@ -577,7 +577,11 @@ impl CmId {
                 let addr = SocketAddr::new(group, ctx.local_addr().port());
                 (CmEventKind::MulticastJoin, 0, Some(UdParam { qpn: Qpn::MULTICAST, qkey: UDP_QKEY, addr }))
             }
-            Err(e) => (CmEventKind::MulticastError, -e.errno(), None),
+            // The error event names the group too.
+            Err(e) => {
+                let addr = SocketAddr::new(group, ctx.local_addr().port());
+                (CmEventKind::MulticastError, -e.errno(), Some(UdParam { qpn: Qpn::new(0), qkey: UDP_QKEY, addr }))
+            }
         };
         drop(st);
         self.inner.chan().push(CmEvent {
