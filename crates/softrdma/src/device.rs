@@ -249,7 +249,8 @@ impl Device {
             max_mcast_grp: softrdma_proto::endpoint::MAX_MCAST_GROUPS as u32,
             max_mcast_qp_attach: softrdma_proto::endpoint::MAX_MCAST_QP_ATTACH as u32,
             max_total_mcast_qp_attach: (softrdma_proto::endpoint::MAX_MCAST_GROUPS
-                * softrdma_proto::endpoint::MAX_MCAST_QP_ATTACH) as u32,
+                * softrdma_proto::endpoint::MAX_MCAST_QP_ATTACH)
+                as u32,
             max_ah: MAX_OBJECTS,
             max_fmr: 0,
             max_map_per_fmr: 0,

@@ -240,7 +240,9 @@ fn bind_group(group: IpAddr, device: SocketAddr, ifindex: u32) -> Result<UdpSock
     match (group, device.ip()) {
         (IpAddr::V4(g), IpAddr::V4(d)) => s.join_multicast_v4(&g, &d)?,
         (IpAddr::V6(g), _) => s.join_multicast_v6(&g, ifindex)?,
-        (IpAddr::V4(_), IpAddr::V6(_)) => return Err(Error::InvalidArgument("an IPv4 group on an IPv6 device")),
+        (IpAddr::V4(_), IpAddr::V6(_)) => {
+            return Err(Error::InvalidArgument("an IPv4 group on an IPv6 device"))
+        }
     }
     Ok(s.into())
 }

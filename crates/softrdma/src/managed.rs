@@ -789,6 +789,9 @@ pub enum Op {
     Send,
     /// SEND them with immediate data.
     SendWithImm(u32),
+    /// SEND them from a UD QP to a destination (a peer's QP, or a multicast group with
+    /// QP 0xFFFFFF).
+    SendTo(crate::UdDest),
     /// Receive a message into the buffer (up to its capacity).
     Recv,
     /// RDMA WRITE the elements in use to the start of the peer's region.
@@ -851,6 +854,7 @@ impl Connection {
         let send_op = match op {
             Op::Send => Some(SendOp::Send),
             Op::SendWithImm(imm) => Some(SendOp::SendWithImm(imm)),
+            Op::SendTo(_) => Some(SendOp::Send),
             Op::Recv => None,
             Op::Write(r) | Op::WriteUnsignaled(r) => {
                 Some(SendOp::Write { remote_addr: r.addr, rkey: Rkey(r.rkey) })
@@ -871,13 +875,17 @@ impl Connection {
         };
         let unsignaled = matches!(op, Op::WriteUnsignaled(_));
         let opcode = match op {
-            Op::Send | Op::SendWithImm(_) => crate::WcOpcode::Send,
+            Op::Send | Op::SendWithImm(_) | Op::SendTo(_) => crate::WcOpcode::Send,
             Op::Recv => crate::WcOpcode::Recv,
             Op::Write(_) | Op::WriteUnsignaled(_) | Op::WriteWithImm(..) => crate::WcOpcode::RdmaWrite,
             Op::Read(_) => crate::WcOpcode::RdmaRead,
         };
         let is_read = matches!(op, Op::Read(_));
         let is_recv = send_op.is_none();
+        let ud = match op {
+            Op::SendTo(dest) => Some(dest),
+            _ => None,
+        };
         let qpn = self.qp.qpn().get();
         let shared = &self.poller.shared;
         // The buffer travels in the continuation; a refused post takes it out again.
@@ -909,7 +917,7 @@ impl Connection {
                 op,
                 sg_list,
                 flags: SendFlags { signaled: !unsignaled, ..Default::default() },
-                ud: None,
+                ud,
             }),
         };
         if let Err(error) = res {

@@ -62,7 +62,9 @@ fn locked(path: &PathBuf) -> Result<File> {
 
 fn alive(pid: i32) -> bool {
     // SAFETY: kill with signal 0 only checks that the process exists.
-    pid > 0 && (unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+    pid > 0
+        && (unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
 }
 
 /// The members in the file, oldest first, without those of dead processes.

@@ -3,50 +3,18 @@
 //! and its server facing clients that send garbage or ask for too much.
 
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod examples_support;
+use examples_support::{run_bounded, KillOnDrop};
+
+fn example() -> PathBuf {
+    examples_support::example("image_roundtrip")
+}
 
 use softrdma::cm::{getaddrinfo, AddrHints, ConnParam, Ep, EpQp};
 use softrdma::WcStatus;
-
-/// The example's binary, brought up to date once per run (`cargo test` builds examples
-/// too, but not when only this test is asked for, and a stale one would be tested).
-fn example() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().unwrap();
-            let dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut c = Command::new(cargo);
-            c.args(["build", "-q", "-p", "softrdma", "--example", "image_roundtrip"]);
-            if dir.ends_with("release") {
-                c.arg("--release");
-            }
-            let o = run_bounded(c, Duration::from_secs(900));
-            assert!(o.status.success(), "building the example: {}", String::from_utf8_lossy(&o.stderr));
-            dir.join("examples").join("image_roundtrip")
-        })
-        .clone()
-}
-
-/// Runs a command with a time limit.
-fn run_bounded(mut c: Command, limit: Duration) -> Output {
-    let child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.unwrap(),
-        Err(_) => {
-            // SAFETY: kill(2) on the child we spawned.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            panic!("{c:?} ran past {limit:?}");
-        }
-    }
-}
 
 #[test]
 fn the_image_round_trip_runs_with_no_setup_and_checks_its_result() {
@@ -92,16 +60,6 @@ fn raw_client(server: &str, src: [u8; 4], request: &[u8]) -> Option<(WcStatus, V
         .map(|wc| (wc.status, reply.to_vec()[..wc.byte_len as usize].to_vec()));
     ep.disconnect().unwrap();
     got
-}
-
-/// A server process that a failing test does not leave behind.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn request(magic: u32, task: u32, width: u32, height: u32) -> Vec<u8> {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use softrdma::mcast::{group_of_mgid, mgid_of};
 use softrdma::{
-    Access, Context, Error, MemoryRegion, Mtu, QpBuilder, QpCaps, Qkey, Qpn, QueuePair, RecvWr, SendFlags, SendOp,
-    SendWr, UdDest, WcStatus,
+    Access, Context, Error, MemoryRegion, Mtu, Qkey, QpBuilder, QpCaps, Qpn, QueuePair, RecvWr, SendFlags,
+    SendOp, SendWr, UdDest, WcStatus,
 };
 
 const QKEY: Qkey = Qkey(0x0123_4567);
@@ -211,7 +211,8 @@ fn cm_ids_join_and_leave_groups_with_events() {
         let qp = id.create_qp(&pd, &QpBuilder::ud(UDP_QKEY), &cq, &cq).unwrap();
         let mr = pd.register(64 * 1024, Access::LOCAL_WRITE).unwrap();
         for i in 0..8u64 {
-            qp.post_recv(RecvWr { wr_id: i, sg_list: vec![mr.sge(i as usize * 4096, 4096).unwrap()] }).unwrap();
+            qp.post_recv(RecvWr { wr_id: i, sg_list: vec![mr.sge(i as usize * 4096, 4096).unwrap()] })
+                .unwrap();
         }
         id.join_multicast(group).unwrap();
         let ev = ch.get_event_timeout(WAIT).unwrap();

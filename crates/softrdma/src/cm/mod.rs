@@ -563,7 +563,8 @@ impl CmId {
             return Err(Error::InvalidArgument("not a multicast address"));
         }
         let mut st = self.st();
-        let ctx = st.ctxs.first().cloned().ok_or(Error::CmState("join_multicast before the ID has a device"))?;
+        let ctx =
+            st.ctxs.first().cloned().ok_or(Error::CmState("join_multicast before the ID has a device"))?;
         if st.joined.contains(&group) {
             return Err(Error::CmState("the ID already joined the group"));
         }
@@ -580,7 +581,11 @@ impl CmId {
             // The error event names the group too.
             Err(e) => {
                 let addr = SocketAddr::new(group, ctx.local_addr().port());
-                (CmEventKind::MulticastError, -e.errno(), Some(UdParam { qpn: Qpn::new(0), qkey: UDP_QKEY, addr }))
+                (
+                    CmEventKind::MulticastError,
+                    -e.errno(),
+                    Some(UdParam { qpn: Qpn::new(0), qkey: UDP_QKEY, addr }),
+                )
             }
         };
         drop(st);
@@ -599,7 +604,11 @@ impl CmId {
     /// ID's QP is detached; no event.
     pub fn leave_multicast(&self, group: IpAddr) -> Result<()> {
         let mut st = self.st();
-        let at = st.joined.iter().position(|g| *g == group).ok_or(Error::CmState("the ID did not join the group"))?;
+        let at = st
+            .joined
+            .iter()
+            .position(|g| *g == group)
+            .ok_or(Error::CmState("the ID did not join the group"))?;
         st.joined.remove(at);
         if let Some(qp) = &st.qp {
             if qp.mcast_groups().contains(&group) {
