@@ -284,6 +284,33 @@ fn drop_in_library_captures_with_rxe_are_all_valid_both_ways() {
 }
 
 #[test]
+fn multicast_captures_with_rxe_are_ud_sends_to_the_group() {
+    // mckey on softrdma's drop-in libraries against mckey on Linux rxe, each side as the
+    // sender (testdata/interop-mcast/README.md).
+    let files = pcaps("testdata/interop-mcast");
+    assert_eq!(files.len(), 2);
+    for f in &files {
+        let o = decode(&[f.as_path()], false);
+        assert_eq!(o.status.code(), Some(0), "{}: every packet well formed, every ICRC ok", f.display());
+        let out = stdout(&o);
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let (from, group) = if name.contains("host_sends") {
+            ("192.168.77.1:4791 >", "> 239.77.1.1:4791")
+        } else {
+            ("192.168.77.11:", "> 239.77.1.2:4791")
+        };
+        let msgs: Vec<&str> = out.lines().filter(|l| l.contains(" UD ")).collect();
+        assert_eq!(msgs.len(), 50, "{name}: mckey's 50 messages");
+        for l in &msgs {
+            assert!(l.contains(from) && l.contains(group), "{name}: sender and group: {l}");
+            for field in ["SEND_ONLY_WITH_IMMEDIATE", "qpn=0xffffff", "qkey=0x01234567", "len=1000", "icrc=ok"] {
+                assert!(l.contains(field), "{name}: {field}: {l}");
+            }
+        }
+    }
+}
+
+#[test]
 fn connection_manager_captures_with_rxe_name_every_cm_message_in_order() {
     // `softrdma rping`, `cmatose` and `udaddy` against rdmacm-utils' rping, ucmatose and
     // udaddy on Linux rxe, each side as server (testdata/interop-cm/README.md).
