@@ -9,6 +9,7 @@ mod decode;
 mod devnode;
 mod exchange;
 mod exec;
+mod ipoib;
 mod limits;
 mod memserver;
 mod perf;
@@ -122,6 +123,11 @@ enum Command {
     /// wait-for-notify, RDMA WRITE/READ signaled and unsignaled) between two processes and
     /// rank them by round-trip time, with each side's user and kernel CPU %.
     Tutorial(tutorial::TutorialArgs),
+    /// An IP network interface over softrdma (IPoIB): a TUN interface whose packets travel
+    /// as UD datagrams (--mode datagram) or over an RC connection per neighbour (--mode
+    /// connected, MTU 65520), neighbours found with ARP over a multicast group. Needs
+    /// CAP_NET_ADMIN; runs until SIGINT or SIGTERM and prints its counters then.
+    Ipoib(ipoib::IpoibArgs),
 }
 
 fn main() {
@@ -151,6 +157,7 @@ fn main() {
         Command::Link(args) => status::link(&args),
         Command::Exec(args) => exec::run(&args),
         Command::Tutorial(args) => tutorial::run(&args),
+        Command::Ipoib(args) => ipoib::run(&args),
     };
     std::process::exit(code);
 }

@@ -303,7 +303,9 @@ fn multicast_captures_with_rxe_are_ud_sends_to_the_group() {
         assert_eq!(msgs.len(), 50, "{name}: mckey's 50 messages");
         for l in &msgs {
             assert!(l.contains(from) && l.contains(group), "{name}: sender and group: {l}");
-            for field in ["SEND_ONLY_WITH_IMMEDIATE", "qpn=0xffffff", "qkey=0x01234567", "len=1000", "icrc=ok"] {
+            for field in
+                ["SEND_ONLY_WITH_IMMEDIATE", "qpn=0xffffff", "qkey=0x01234567", "len=1000", "icrc=ok"]
+            {
                 assert!(l.contains(field), "{name}: {field}: {l}");
             }
         }

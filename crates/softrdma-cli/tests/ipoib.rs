@@ -1,0 +1,150 @@
+//! `softrdma ipoib` between two network namespaces joined by a veth pair that carries
+//! only softrdma's UDP: the overlay subnet is reachable through the TUN interfaces alone,
+//! and iperf3 runs across it in datagram and connected mode. Needs root (namespaces, TUN)
+//! and iperf3: skipped with a message without them, except under CI, where both are there.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{output, text, Proc, BIN};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn ok(cmd: &mut Command) -> String {
+    let o = output(cmd, LIMIT);
+    assert!(o.status.success(), "{cmd:?}: {}", text(&o));
+    text(&o)
+}
+
+fn ip(args: &[&str]) -> String {
+    ok(Command::new("ip").args(args))
+}
+
+/// In a namespace.
+fn netns(ns: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]).args(args);
+    c
+}
+
+/// Two namespaces and a veth between them, removed when dropped.
+struct Lab {
+    a: String,
+    b: String,
+}
+
+impl Lab {
+    fn new(tag: &str) -> Lab {
+        let id = std::process::id() % 100_000;
+        let (a, b) = (format!("ipoib{tag}a{id}"), format!("ipoib{tag}b{id}"));
+        let (va, vb) = (format!("v{tag}a{id}"), format!("v{tag}b{id}"));
+        let lab = Lab { a: a.clone(), b: b.clone() };
+        ip(&["netns", "add", &a]);
+        ip(&["netns", "add", &b]);
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
+        ip(&["link", "set", &va, "netns", &a]);
+        ip(&["link", "set", &vb, "netns", &b]);
+        for (ns, dev, addr) in [(&a, &va, "10.201.0.1/24"), (&b, &vb, "10.201.0.2/24")] {
+            ip(&["-n", ns, "addr", "add", addr, "dev", dev]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        lab
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+    }
+}
+
+fn can_run() -> bool {
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let tools = [("iperf3", "--version"), ("ip", "-V")]
+        .iter()
+        .all(|(t, v)| Command::new(t).arg(v).output().is_ok_and(|o| o.status.success()));
+    let tun = std::path::Path::new("/dev/net/tun").exists();
+    if root && tools && tun {
+        return true;
+    }
+    let why = format!("root {root}, iperf3 and ip {tools}, /dev/net/tun {tun}");
+    assert!(std::env::var_os("CI").is_none(), "CI must run the IPoIB test: {why}");
+    eprintln!("skipped: softrdma ipoib needs {why}");
+    false
+}
+
+/// iperf3 from A to B across the overlay; returns (Gbit/s, both ipoib counter lines).
+fn iperf_over_ipoib(mode: &str, tag: &str) -> (f64, String) {
+    let lab = Lab::new(tag);
+    // Before: nothing routes the overlay subnet.
+    let before = output(&mut netns(&lab.a, &["ip", "route", "get", "10.99.0.2"]), LIMIT);
+    assert!(!before.status.success(), "the overlay must be unreachable without ipoib: {}", text(&before));
+    let ipoib = |ns: &str, under: &str, over: &str| {
+        let mut p = Proc::start_piped(
+            &mut netns(ns, &[BIN, "ipoib", "--bind", under, "--ip", over, "--mode", mode]),
+            LIMIT,
+        );
+        let first = p.line();
+        assert!(first.starts_with("ib0: "), "{first}");
+        p
+    };
+    let pa = ipoib(&lab.a, "10.201.0.1", "10.99.0.1/24");
+    let pb = ipoib(&lab.b, "10.201.0.2", "10.99.0.2/24");
+    let want_mtu = if mode == "connected" { "65520" } else { "1020" };
+    assert!(ok(&mut netns(&lab.a, &["ip", "link", "show", "ib0"])).contains(&format!("mtu {want_mtu}")));
+    let server = Proc::start_piped(&mut netns(&lab.b, &["iperf3", "-s", "-1", "-B", "10.99.0.2"]), LIMIT);
+    std::thread::sleep(Duration::from_millis(300));
+    let client = ok(&mut netns(&lab.a, &["iperf3", "-c", "10.99.0.2", "-t", "2", "-J"]));
+    let _ = server.stop();
+    let json: serde_json::Value = serde_json::from_str(&client).expect("iperf3's JSON");
+    let bps = json["end"]["sum_received"]["bits_per_second"].as_f64().expect("a received rate");
+    // Stop both interfaces and take their counters.
+    let mut lines = String::new();
+    for p in [pa, pb] {
+        p.signal(libc::SIGINT);
+        let o = p.wait();
+        assert!(o.status.success(), "{}", text(&o));
+        lines.push_str(&text(&o));
+    }
+    (bps / 1e9, lines)
+}
+
+/// (tx, rx) packets from an ipoib counter line.
+fn counts(line: &str) -> (u64, u64) {
+    let n = |after: &str| -> u64 {
+        line.split(after)
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|w| w.parse().ok())
+            .unwrap()
+    };
+    (n("tx "), n("rx "))
+}
+
+#[test]
+fn iperf3_runs_across_ipoib_in_datagram_and_connected_mode() {
+    if !can_run() {
+        return;
+    }
+    for (mode, tag) in [("datagram", "d"), ("connected", "c")] {
+        let (gbps, counters) = iperf_over_ipoib(mode, tag);
+        assert!(gbps > 0.01, "{mode}: {gbps} Gbit/s\n{counters}");
+        let lines: Vec<&str> = counters.lines().filter(|l| l.contains(" tx ")).collect();
+        assert_eq!(lines.len(), 2, "{counters}");
+        let ((atx, arx), (btx, brx)) = (counts(lines[0]), counts(lines[1]));
+        // The test's traffic crossed softrdma: A sent B's data, B received it, and ARP
+        // found the neighbour first.
+        assert!(atx > 1000 && brx > 1000 && btx > 10 && arx > 10, "{mode}: {counters}");
+        assert!(lines[0].contains("arp 1 requests") || lines[1].contains("arp 1 requests"), "{counters}");
+        if mode == "connected" {
+            assert!(lines.iter().all(|l| l.contains("connections 1")), "one RC connection each: {counters}");
+        }
+        eprintln!("{mode}: {gbps:.2} Gbit/s; {counters}");
+    }
+}
