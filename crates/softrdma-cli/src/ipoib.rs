@@ -73,7 +73,7 @@ pub struct IpoibArgs {
     #[arg(long, value_enum, default_value = "datagram")]
     mode: Mode,
     /// The broadcast group ARP goes to (every interface of the subnet joins it).
-    #[arg(long, default_value = "239.255.73.1")]
+    #[arg(long, default_value = "239.255.73.1", value_parser = parse_group)]
     group: Ipv4Addr,
     /// The rdma_cm port connected mode listens on and connects to.
     #[arg(long, default_value_t = 7481)]
@@ -87,6 +87,14 @@ pub enum Mode {
     Datagram,
     /// RC per neighbour: one message per packet, MTU 65520.
     Connected,
+}
+
+fn parse_group(s: &str) -> Result<Ipv4Addr, String> {
+    let g: Ipv4Addr = s.parse().map_err(|e| format!("{e}"))?;
+    if !g.is_multicast() {
+        return Err("an IPv4 multicast address (224.0.0.0/4)".into());
+    }
+    Ok(g)
 }
 
 fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {

@@ -184,6 +184,12 @@ fn usage_cases() -> Vec<(Vec<String>, &'static str)> {
         (vec!["devinfo", "-i", "0"], "--ib-port"),
         (vec!["devinfo", "-i", "256"], "--ib-port"),
         (vec!["exec", "--udp-port", "65536", "--", "true"], "--udp-port"),
+        // ipoib
+        (vec!["ipoib", "--bind", "127.0.0.1", "--ip", "10.99.0.1"], "--ip"),
+        (vec!["ipoib", "--bind", "127.0.0.1", "--ip", "10.99.0.1/0"], "--ip"),
+        (vec!["ipoib", "--bind", "127.0.0.1", "--ip", "239.1.1.1/24"], "--ip"),
+        (vec!["ipoib", "--bind", "127.0.0.1", "--ip", "10.99.0.1/24", "--mode", "carrier"], "--mode"),
+        (vec!["ipoib", "--bind", "127.0.0.1", "--ip", "10.99.0.1/24", "--group", "10.0.0.1"], "--group"),
         // tutorial
         (vec!["tutorial", "-n", "0"], "--iters"),
         (vec!["tutorial", "-s", "0"], "--size"),
