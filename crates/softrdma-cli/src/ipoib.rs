@@ -171,6 +171,9 @@ struct Neighbour {
     qpn: Qpn,
 }
 
+/// Packets held for a destination, and when ARP was last asked about it.
+type Held = (Instant, Vec<Vec<u8>>);
+
 /// What the interface shares between its threads.
 struct Ipoib {
     mode: Mode,
@@ -186,7 +189,7 @@ struct Ipoib {
     tx: Mutex<Tx>,
     neighbours: Mutex<HashMap<Ipv4Addr, Neighbour>>,
     /// Packets waiting for ARP or a connection, and when ARP was last asked.
-    pending: Mutex<HashMap<Ipv4Addr, (Instant, Vec<Vec<u8>>)>>,
+    pending: Mutex<HashMap<Ipv4Addr, Held>>,
     /// Connected mode: the RC QP each neighbour's packets go through.
     rc: Mutex<HashMap<Ipv4Addr, Arc<QueuePair>>>,
     /// Connected mode: neighbours to connect to (for the CM thread).

@@ -8,7 +8,6 @@ use std::ptr;
 
 use softrdma_verbs::abi::*;
 use softrdma_verbs::rdmacm::addrinfo::{rdma_freeaddrinfo, rdma_getaddrinfo};
-use softrdma_verbs::rdmacm::stubs::rdma_join_multicast;
 use softrdma_verbs::rdmacm::*;
 
 mod common;
@@ -36,7 +35,15 @@ fn misuse_is_an_errno_and_harms_nothing() {
         let mut attr: ibv_qp_init_attr = std::mem::zeroed();
         assert_eq!(rdma_create_qp(id, ptr::null_mut(), &mut attr), -1, "no device yet");
         assert_eq!(rdma_join_multicast(id, ptr::null_mut(), ptr::null_mut()), -1);
-        assert_eq!(errno(), libc::ENOSYS);
+        assert_eq!(errno(), libc::EINVAL, "no group address");
+        let unicast = sockaddr("127.0.0.1:0");
+        assert_eq!(rdma_join_multicast(id, (&raw const unicast).cast_mut().cast(), ptr::null_mut()), -1);
+        assert_eq!(errno(), libc::EINVAL, "not a group");
+        let group = sockaddr("239.1.1.1:0");
+        assert_eq!(rdma_join_multicast(id, (&raw const group).cast_mut().cast(), ptr::null_mut()), -1);
+        assert_eq!(errno(), libc::EINVAL, "an RC ID, no device yet");
+        assert_eq!(rdma_leave_multicast(id, (&raw const group).cast_mut().cast()), -1);
+        assert_eq!(errno(), libc::EADDRNOTAVAIL, "never joined");
         let mut tos = 0u8;
         assert_eq!(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, (&raw mut tos).cast(), 4), -1);
         assert_eq!(errno(), libc::EINVAL, "TOS takes one byte");
