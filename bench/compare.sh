@@ -23,14 +23,17 @@ if ! command -v ucx_perftest >/dev/null 2>&1 || ! command -v iperf3 >/dev/null 2
 fi
 
 json() { python3 -c "import sys,json; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['$1'])"; }
+# Several fields of the last JSON line, space-separated.
+jsons() { python3 -c "import sys,json; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(' '.join(str(d[k]) for k in sys.argv[1:]))" "$@"; }
 port=18800
 perf() { port=$((port + 1)); "$SR" perf "$@" --local --json -p "$port" 2>/dev/null; }
 
 echo "softrdma side-by-side benchmark, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, kernel $(uname -r)" >&2
 
-lat_busy=$(perf send_lat -s 8 -n "$ITERS" | json t_typical) || lat_busy=""
-lat_event=$(perf send_lat -s 8 -n "$ITERS" -e | json t_typical) || lat_event=""
-udp_lat=$("$PROBE" pingpong "$ITERS" 8 | awk '{print $2}')
+read -r lat_busy busy_p99 busy_p999 <<<"$(perf send_lat -s 8 -n "$ITERS" | jsons t_typical p99 p99_9)"
+read -r lat_event event_p99 event_p999 event_user event_sys <<<"$(perf send_lat -s 8 -n "$ITERS" -e --cpu_util |
+  jsons t_typical p99 p99_9 cpu_user_pct cpu_sys_pct)"
+read -r udp_lat udp_p99 udp_p999 <<<"$("$PROBE" pingpong "$ITERS" 8 | awk '{print $2, $5, $7}')"
 ucx_lat=""
 if command -v ucx_perftest >/dev/null 2>&1; then
   UCX_TLS=tcp ucx_perftest -t ucp_am_lat -s 8 -n "$ITERS" -p 13337 >/dev/null 2>&1 &
@@ -64,6 +67,7 @@ fi
 
 rate=$(perf send_bw -s 2 -D "$DUR" | json msg_rate_mpps) || rate=""
 udp_rate=$("$PROBE" rate "$DUR" 20 | awk '{print $2}')
+udp_rate_gso=$("$PROBE" rate-gso "$DUR" 20 | awk '{print $2}')
 
 # Idle CPU of an event-mode process: a device, a connected QP, nothing to do, 10 s.
 ( sleep 12 | "$SR" memserver --bind 127.0.0.9 >/dev/null 2>&1 & )
@@ -74,27 +78,39 @@ sleep 10
 t1=$(awk '{print $14+$15}' "/proc/$pid/stat")
 idle_cpu=$(python3 -c "print(round(100*($t1-$t0)/$(getconf CLK_TCK)/10,2))")
 
-python3 - "$lat_busy" "$lat_event" "$udp_lat" "$ucx_lat" "$write_bw" "$send_bw" "$udp_bw" "$ucx_bw" "$iperf_bw" "$rate" "$udp_rate" "$idle_cpu" <<'PY'
+python3 - "$lat_busy" "$lat_event" "$udp_lat" "$ucx_lat" "$write_bw" "$send_bw" "$udp_bw" "$ucx_bw" "$iperf_bw" \
+  "$rate" "$udp_rate" "$udp_rate_gso" "$idle_cpu" "$busy_p99" "$busy_p999" "$event_p99" "$event_p999" \
+  "$udp_p99" "$udp_p999" "${event_user:-}" "${event_sys:-}" <<'PY'
 import sys
 v = [float(x) if x not in ("", "None") else None for x in sys.argv[1:]]
-lat_busy, lat_event, udp_lat, ucx_lat, write_bw, send_bw, udp_bw, ucx_bw, iperf_bw, rate, udp_rate, idle = v
+(lat_busy, lat_event, udp_lat, ucx_lat, write_bw, send_bw, udp_bw, ucx_bw, iperf_bw, rate, udp_rate, udp_rate_gso,
+ idle, busy_p99, busy_p999, event_p99, event_p999, udp_p99, udp_p999, event_user, event_sys) = v
 f = lambda x, d=2: "skipped" if x is None else f"{x:.{d}f}"
 r = lambda a, b: None if a is None or b is None or b == 0 else a / b
 print("| measure | softrdma | baseline | value | ratio |")
 print("|---|---:|---|---:|---:|")
 rows = [
-    ("one-way latency, 8 B, µs", "send_lat busy-poll", lat_busy, "raw UDP ping-pong", udp_lat),
+    ("one-way latency, 8 B, µs (median)", "send_lat busy-poll", lat_busy, "raw UDP ping-pong (busy-poll)", udp_lat),
     ("", "send_lat busy-poll", lat_busy, "UCX over TCP (ucp_am_lat)", ucx_lat),
-    ("", "send_lat -e (events)", lat_event, "raw UDP ping-pong", udp_lat),
+    ("", "send_lat -e (events)", lat_event, "send_lat busy-poll", lat_busy),
     ("bandwidth, 64 KiB, MiB/s", "write_bw", write_bw, "raw UDP, GSO+GRO, 4 KiB segments", udp_bw),
-    ("", "write_bw", write_bw, "UCX over TCP (ucp_am_bw)", ucx_bw),
     ("", "write_bw", write_bw, "iperf3 (TCP)", iperf_bw),
+    ("", "write_bw", write_bw, "UCX over TCP (ucp_am_bw)", ucx_bw),
     ("", "send_bw", send_bw, "raw UDP, GSO+GRO, 4 KiB segments", udp_bw),
-    ("message rate, 2 B, Mpps", "send_bw -s 2", rate, "raw UDP sendmmsg/recvmmsg, 20 B", udp_rate),
+    ("", "send_bw", send_bw, "iperf3 (TCP)", iperf_bw),
+    ("message rate, 2 B, Mpps", "send_bw -s 2", rate, "raw UDP, 20 B datagrams in GSO trains, GRO", udp_rate_gso),
+    ("", "send_bw -s 2", rate, "raw UDP, 20 B, sendmmsg/recvmmsg", udp_rate),
 ]
 for m, what, a, base, b in rows:
     print(f"| {m} | {what}: {f(a)} | {base} | {f(b)} | {f(r(a, b))} |")
 print(f"| idle event-mode process, CPU % over 10 s | {f(idle)} | — | — | — |")
+print(f"| send_lat -e client CPU, % of elapsed | user {f(event_user, 1)}, kernel {f(event_sys, 1)} | — | — | — |")
+print()
+print("| latency percentiles, 8 B, µs | median | 99 % | 99.9 % |")
+print("|---|---:|---:|---:|")
+print(f"| softrdma send_lat busy-poll | {f(lat_busy)} | {f(busy_p99)} | {f(busy_p999)} |")
+print(f"| softrdma send_lat -e | {f(lat_event)} | {f(event_p99)} | {f(event_p999)} |")
+print(f"| raw UDP ping-pong | {f(udp_lat)} | {f(udp_p99)} | {f(udp_p999)} |")
 missed = []
 def target(name, ok, ratio):
     if ratio is None:
@@ -102,10 +118,16 @@ def target(name, ok, ratio):
     elif not ok(ratio):
         missed.append(f"{name} ({ratio:.2f})")
 target("send_lat <= 1.2x raw UDP", lambda x: x <= 1.2, r(lat_busy, udp_lat))
-if ucx_bw is not None:
-    target("write_bw >= 2x UCX-TCP", lambda x: x >= 2, r(write_bw, ucx_bw))
-target("write_bw >= 0.7x raw UDP GSO+GRO", lambda x: x >= 0.7, r(write_bw, udp_bw))
-target("2-byte message rate >= 0.8x raw UDP", lambda x: x >= 0.8, r(rate, udp_rate))
+if ucx_lat is not None:
+    target("send_lat <= 0.6x UCX-TCP", lambda x: x <= 0.6, r(lat_busy, ucx_lat))
+for name, bw in (("write_bw", write_bw), ("send_bw", send_bw)):
+    target(f"{name} >= 0.8x raw UDP GSO+GRO", lambda x: x >= 0.8, r(bw, udp_bw))
+    if iperf_bw is not None:
+        target(f"{name} >= 1.5x iperf3", lambda x: x >= 1.5, r(bw, iperf_bw))
+target("2-byte message rate >= 0.7x raw UDP GSO+GRO", lambda x: x >= 0.7, r(rate, udp_rate_gso))
+target("send_lat -e <= 1.35x busy-poll", lambda x: x <= 1.35, r(lat_event, lat_busy))
+if event_user is not None and event_sys is not None and event_user + event_sys > 30:
+    missed.append(f"send_lat -e client CPU <= 30% ({event_user + event_sys:.0f}%)")
 if idle is None or idle >= 1:
     missed.append(f"idle CPU < 1% ({idle}%)")
 print()

@@ -5,8 +5,12 @@
 //! - `pingpong N SIZE`: SIZE-byte datagram ping-pong, N round trips; prints the median
 //!   one-way latency in µs (half the round trip). Both sides busy-poll non-blocking
 //!   sockets, as softrdma's busy-poll mode does, so the two compare like for like;
-//! - `bw SECONDS SEGMENT`: 64 KiB sends cut into SEGMENT-byte datagrams by UDP GSO,
-//!   received with GRO; prints MiB/s of datagram payload delivered;
+//! - `bw SECONDS SEGMENT`: sends of up to 64 KiB (and at most 64 segments, the kernel's
+//!   limit) cut into SEGMENT-byte datagrams by UDP GSO, received with GRO; prints MiB/s of
+//!   datagram payload delivered;
+//! - `rate-gso SECONDS SIZE`: the same with SIZE-byte datagrams, counted: millions of
+//!   datagrams per second, batched as softrdma batches a stream of small messages (GSO
+//!   trains out, GRO trains in), the fair message-rate baseline;
 //! - `rate SECONDS SIZE`: SIZE-byte datagrams, one message each, with sendmmsg and
 //!   recvmmsg in batches of 64; prints millions of datagrams per second delivered.
 //!
@@ -65,10 +69,23 @@ fn pingpong(n: usize, size: usize) {
     }
     echo.join().unwrap();
     lat.sort_by(f64::total_cmp);
-    println!("udp_pingpong_oneway {:.2} usec", lat[lat.len() / 2]);
+    let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+    println!("udp_pingpong_oneway {:.2} usec p99 {:.2} p99_9 {:.2}", q(0.5), q(0.99), q(0.999));
 }
 
 fn bw(secs: f64, seg: usize) {
+    let (bytes, elapsed) = gso_stream(secs, seg);
+    println!("udp_gso_gro_bw {:.1} MiB/sec", bytes as f64 / elapsed / (1 << 20) as f64);
+}
+
+fn rate_gso(secs: f64, size: usize) {
+    let (bytes, elapsed) = gso_stream(secs, size);
+    println!("udp_gso_packet_rate {:.3} Mpps", (bytes / size as u64) as f64 / elapsed / 1e6);
+}
+
+/// Streams GSO trains of `seg`-byte datagrams for `secs`; returns the payload bytes the
+/// receiver got (through GRO) and the time taken.
+fn gso_stream(secs: f64, seg: usize) -> (u64, f64) {
     let (a, b) = pair();
     set(&b, libc::SOL_UDP, 104 /* UDP_GRO */, 1);
     let stop = Arc::new(AtomicBool::new(false));
@@ -83,7 +100,7 @@ fn bw(secs: f64, seg: usize) {
             }
         }
     });
-    let chunk = vec![1u8; (65000 / seg) * seg];
+    let chunk = vec![1u8; (65000 / seg).clamp(1, 64) * seg];
     let start = Instant::now();
     let fd = a.as_raw_fd();
     while start.elapsed().as_secs_f64() < secs {
@@ -110,10 +127,7 @@ fn bw(secs: f64, seg: usize) {
     std::thread::sleep(Duration::from_millis(50));
     stop.store(true, Ordering::Relaxed);
     rx.join().unwrap();
-    println!(
-        "udp_gso_gro_bw {:.1} MiB/sec",
-        bytes.load(Ordering::Relaxed) as f64 / elapsed / (1 << 20) as f64
-    );
+    (bytes.load(Ordering::Relaxed), elapsed)
 }
 
 const BATCH: usize = 64;
@@ -175,9 +189,11 @@ fn main() {
         Some("pingpong") => pingpong(num(1, 20000.0) as usize, num(2, 8.0) as usize),
         Some("bw") => bw(num(1, 3.0), num(2, 4096.0) as usize),
         Some("rate") => rate(num(1, 3.0), num(2, 20.0) as usize),
+        Some("rate-gso") => rate_gso(num(1, 3.0), num(2, 20.0) as usize),
         _ => {
             eprintln!(
-                "usage: udp-probe pingpong [N] [SIZE] | bw [SECONDS] [SEGMENT] | rate [SECONDS] [SIZE]"
+                "usage: udp-probe pingpong [N] [SIZE] | bw [SECONDS] [SEGMENT] | rate [SECONDS] [SIZE] \
+                 | rate-gso [SECONDS] [SIZE]"
             );
             std::process::exit(2);
         }
