@@ -34,6 +34,7 @@ read -r lat_busy busy_p99 busy_p999 <<<"$(perf send_lat -s 8 -n "$ITERS" | jsons
 read -r lat_event event_p99 event_p999 event_user event_sys <<<"$(perf send_lat -s 8 -n "$ITERS" -e --cpu_util |
   jsons t_typical p99 p99_9 cpu_user_pct cpu_sys_pct)"
 read -r udp_lat udp_p99 udp_p999 <<<"$("$PROBE" pingpong "$ITERS" 8 | awk '{print $2, $5, $7}')"
+read -r udp_wait udp_wait_p99 udp_wait_p999 <<<"$("$PROBE" pingpong-wait "$ITERS" 8 | awk '{print $2, $5, $7}')"
 ucx_lat=""
 if command -v ucx_perftest >/dev/null 2>&1; then
   UCX_TLS=tcp ucx_perftest -t ucp_am_lat -s 8 -n "$ITERS" -p 13337 >/dev/null 2>&1 &
@@ -80,11 +81,12 @@ idle_cpu=$(python3 -c "print(round(100*($t1-$t0)/$(getconf CLK_TCK)/10,2))")
 
 python3 - "$lat_busy" "$lat_event" "$udp_lat" "$ucx_lat" "$write_bw" "$send_bw" "$udp_bw" "$ucx_bw" "$iperf_bw" \
   "$rate" "$udp_rate" "$udp_rate_gso" "$idle_cpu" "$busy_p99" "$busy_p999" "$event_p99" "$event_p999" \
-  "$udp_p99" "$udp_p999" "${event_user:-}" "${event_sys:-}" <<'PY'
+  "$udp_p99" "$udp_p999" "${event_user:-}" "${event_sys:-}" "$udp_wait" "$udp_wait_p99" "$udp_wait_p999" <<'PY'
 import sys
 v = [float(x) if x not in ("", "None") else None for x in sys.argv[1:]]
 (lat_busy, lat_event, udp_lat, ucx_lat, write_bw, send_bw, udp_bw, ucx_bw, iperf_bw, rate, udp_rate, udp_rate_gso,
- idle, busy_p99, busy_p999, event_p99, event_p999, udp_p99, udp_p999, event_user, event_sys) = v
+ idle, busy_p99, busy_p999, event_p99, event_p999, udp_p99, udp_p999, event_user, event_sys,
+ udp_wait, udp_wait_p99, udp_wait_p999) = v
 f = lambda x, d=2: "skipped" if x is None else f"{x:.{d}f}"
 r = lambda a, b: None if a is None or b is None or b == 0 else a / b
 print("| measure | softrdma | baseline | value | ratio |")
@@ -93,6 +95,7 @@ rows = [
     ("one-way latency, 8 B, µs (median)", "send_lat busy-poll", lat_busy, "raw UDP ping-pong (busy-poll)", udp_lat),
     ("", "send_lat busy-poll", lat_busy, "UCX over TCP (ucp_am_lat)", ucx_lat),
     ("", "send_lat -e (events)", lat_event, "send_lat busy-poll", lat_busy),
+    ("", "send_lat -e (events)", lat_event, "raw UDP ping-pong, blocking recv", udp_wait),
     ("bandwidth, 64 KiB, MiB/s", "write_bw", write_bw, "raw UDP, GSO+GRO, 4 KiB segments", udp_bw),
     ("", "write_bw", write_bw, "iperf3 (TCP)", iperf_bw),
     ("", "write_bw", write_bw, "UCX over TCP (ucp_am_bw)", ucx_bw),
@@ -111,6 +114,7 @@ print("|---|---:|---:|---:|")
 print(f"| softrdma send_lat busy-poll | {f(lat_busy)} | {f(busy_p99)} | {f(busy_p999)} |")
 print(f"| softrdma send_lat -e | {f(lat_event)} | {f(event_p99)} | {f(event_p999)} |")
 print(f"| raw UDP ping-pong | {f(udp_lat)} | {f(udp_p99)} | {f(udp_p999)} |")
+print(f"| raw UDP ping-pong, blocking recv | {f(udp_wait)} | {f(udp_wait_p99)} | {f(udp_wait_p999)} |")
 missed = []
 def target(name, ok, ratio):
     if ratio is None:

@@ -5,6 +5,8 @@
 //! - `pingpong N SIZE`: SIZE-byte datagram ping-pong, N round trips; prints the median
 //!   one-way latency in µs (half the round trip). Both sides busy-poll non-blocking
 //!   sockets, as softrdma's busy-poll mode does, so the two compare like for like;
+//! - `pingpong-wait N SIZE`: the same with blocking sockets: each side sleeps in `recv`
+//!   until the datagram comes, the floor of any event-driven ping-pong;
 //! - `bw SECONDS SEGMENT`: sends of up to 64 KiB (and at most 64 segments, the kernel's
 //!   limit) cut into SEGMENT-byte datagrams by UDP GSO, received with GRO; prints MiB/s of
 //!   datagram payload delivered;
@@ -41,10 +43,10 @@ fn set(s: &UdpSocket, level: libc::c_int, name: libc::c_int, v: libc::c_int) {
     }
 }
 
-fn pingpong(n: usize, size: usize) {
+fn pingpong(n: usize, size: usize, block: bool) {
     let (a, b) = pair();
-    a.set_nonblocking(true).unwrap();
-    b.set_nonblocking(true).unwrap();
+    a.set_nonblocking(!block).unwrap();
+    b.set_nonblocking(!block).unwrap();
     let spin_recv = |s: &UdpSocket, buf: &mut [u8]| loop {
         if let Ok(k) = s.recv(buf) {
             return k;
@@ -70,7 +72,8 @@ fn pingpong(n: usize, size: usize) {
     echo.join().unwrap();
     lat.sort_by(f64::total_cmp);
     let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
-    println!("udp_pingpong_oneway {:.2} usec p99 {:.2} p99_9 {:.2}", q(0.5), q(0.99), q(0.999));
+    let name = if block { "udp_pingpong_blocking_oneway" } else { "udp_pingpong_oneway" };
+    println!("{name} {:.2} usec p99 {:.2} p99_9 {:.2}", q(0.5), q(0.99), q(0.999));
 }
 
 fn bw(secs: f64, seg: usize) {
@@ -186,13 +189,14 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let num = |i: usize, d: f64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
     match args.first().map(String::as_str) {
-        Some("pingpong") => pingpong(num(1, 20000.0) as usize, num(2, 8.0) as usize),
+        Some("pingpong") => pingpong(num(1, 20000.0) as usize, num(2, 8.0) as usize, false),
+        Some("pingpong-wait") => pingpong(num(1, 20000.0) as usize, num(2, 8.0) as usize, true),
         Some("bw") => bw(num(1, 3.0), num(2, 4096.0) as usize),
         Some("rate") => rate(num(1, 3.0), num(2, 20.0) as usize),
         Some("rate-gso") => rate_gso(num(1, 3.0), num(2, 20.0) as usize),
         _ => {
             eprintln!(
-                "usage: udp-probe pingpong [N] [SIZE] | bw [SECONDS] [SEGMENT] | rate [SECONDS] [SIZE] \
+                "usage: udp-probe pingpong [N] [SIZE] | pingpong-wait [N] [SIZE] | bw [SECONDS] [SEGMENT] | rate [SECONDS] [SIZE] \
                  | rate-gso [SECONDS] [SIZE]"
             );
             std::process::exit(2);

@@ -409,16 +409,18 @@ impl CompletionChannel {
             if left.is_zero() {
                 return Ok(None);
             }
-            self.ctx.engine.app_blocking();
             // Wait on the device socket too: when a packet arrives, this thread processes it
             // itself, which saves the hop through the progress thread on the way to the
-            // event (the progress thread, woken as well, finds nothing left and sleeps).
+            // event; the progress thread stays off the link meanwhile.
             let mut fds = vec![self.shared.efd.as_raw_fd()];
             fds.extend_from_slice(self.ctx.engine.link_fds());
-            let ready = sys::wait_readable_any(&fds, Some(left))?;
-            if ready & !1 != 0 {
+            self.ctx.engine.app_watch_begin();
+            let ready = sys::wait_readable_any(&fds, Some(left));
+            if ready.as_ref().is_ok_and(|r| r & !1 != 0) {
                 self.ctx.engine.try_progress_quiet();
             }
+            self.ctx.engine.app_watch_end();
+            ready?;
         }
     }
 

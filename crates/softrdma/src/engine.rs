@@ -188,6 +188,10 @@ pub(crate) struct Engine {
     app_polls: AtomicU64,
     /// The progress thread is napping off the link.
     napping: AtomicBool,
+    /// Application threads blocked on a completion channel that watch the link
+    /// themselves (and process what arrives): while there are any, the progress thread
+    /// stays off the link, so that an arrival wakes one thread, not two.
+    app_watching: AtomicU64,
     /// `Core::async_efd`'s descriptor.
     async_fd: RawFd,
     /// CM events wait in `Core::cm_out`.
@@ -258,6 +262,7 @@ impl Engine {
             sleeping_until: AtomicU64::new(u64::MAX),
             app_polls: AtomicU64::new(0),
             napping: AtomicBool::new(false),
+            app_watching: AtomicU64::new(0),
             cm_waiting: AtomicBool::new(false),
             cm_turn: Mutex::new(()),
         })
@@ -1074,6 +1079,19 @@ impl Engine {
         }
     }
 
+    /// An application thread starts watching the link while it waits for an event.
+    pub(crate) fn app_watch_begin(&self) {
+        self.app_polls.store(0, Ordering::Relaxed);
+        self.app_watching.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// It stops: the last one to stop hands the link back to the progress thread.
+    pub(crate) fn app_watch_end(&self) {
+        if self.app_watching.fetch_sub(1, Ordering::AcqRel) == 1 && self.napping.load(Ordering::Acquire) {
+            self.wake.signal();
+        }
+    }
+
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.wake.signal();
@@ -1102,8 +1120,13 @@ impl Engine {
             };
             self.deliver_cm();
             let now = ns(self.now());
-            if self.app_polls.swap(0, Ordering::Relaxed) >= BUSY_POLLS {
-                let nap = Duration::from_millis(1).min(timeout.unwrap_or(Duration::MAX));
+            let watched = self.app_watching.load(Ordering::Acquire) > 0;
+            if watched || self.app_polls.swap(0, Ordering::Relaxed) >= BUSY_POLLS {
+                // An application thread watches the link (blocked on a channel) or polls it:
+                // stay off it, waking for timers, and every millisecond while polled (to
+                // notice the polling stop), or when the last watcher leaves.
+                let cap = if watched { MAX_SLEEP } else { Duration::from_millis(1) };
+                let nap = cap.min(timeout.unwrap_or(Duration::MAX));
                 self.sleeping_until.fetch_min(now + ns(nap), Ordering::AcqRel);
                 self.napping.store(true, Ordering::Release);
                 let _ = sys::wait_readable([self.wake.as_raw_fd()], Some(nap));
