@@ -95,8 +95,8 @@ pub fn run(args: &SimArgs) -> i32 {
     println!("network: {}", r.net);
     let q = r.requester;
     println!(
-        "requester: packets={} retransmits={} timeouts={} seq-naks={} rnr-naks={}",
-        q.packets_sent, q.retransmits, q.timeouts, q.seq_naks_received, q.rnr_naks_received
+        "requester: packets={} retransmits={} timeouts={} probes={} seq-naks={} rnr-naks={}",
+        q.packets_sent, q.retransmits, q.timeouts, q.probes, q.seq_naks_received, q.rnr_naks_received
     );
     println!(
         "ops={} completed={} data-errors={} status-errors={} bytes={} virtual-time={:.3}s wall={:.3}s",

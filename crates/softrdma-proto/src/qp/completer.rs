@@ -154,7 +154,9 @@ impl QueuePair {
         self.req.retry_left = self.retry_cnt;
         self.req.rnr_left = self.rnr_retry;
         self.req.ack_every = false;
-        self.req.probe_at = None;
+        self.sample_rtt(now);
+        self.req.probes = 0;
+        self.req.probe_at = if self.req.inflight() > 0 { self.pto().map(|t| now + t) } else { None };
         self.rearm_ack_timer(now);
     }
 

@@ -185,6 +185,8 @@ pub struct QpStats {
     pub retransmits: u64,
     /// Local ACK timeouts.
     pub timeouts: u64,
+    /// Probes: go-backs after a probe timeout without an ACK (no retry spent).
+    pub probes: u64,
     /// RNR NAKs received.
     pub rnr_naks_received: u64,
     /// Sequence NAKs received.

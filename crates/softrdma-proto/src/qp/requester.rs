@@ -38,8 +38,17 @@ pub(super) struct Requester {
     pub(super) ack_deadline: Option<Duration>,
     /// No request leaves before this time (RNR back-off).
     pub(super) rnr_until: Option<Duration>,
-    /// Halfway through a retry interval, resend once more without spending a retry.
+    /// When to resend from the first unacknowledged PSN without spending a retry (a
+    /// probe), if nothing is acknowledged before: see [`QueuePair::pto`].
     pub(super) probe_at: Option<Duration>,
+    /// Smoothed round-trip time and its variation (RFC 6298's estimator), from ACKs of
+    /// PSNs sent once.
+    pub(super) srtt: Option<Duration>,
+    pub(super) rttvar: Duration,
+    /// The PSN being timed and when it was sent (one at a time, as TCP times segments).
+    pub(super) timed: Option<(Psn, Duration)>,
+    /// Probes sent since the last progress: each doubles the next probe's wait.
+    pub(super) probes: u32,
     /// The PSN of the last go-back triggered by a response, to ignore repeats of it.
     pub(super) go_back_guard: Option<Psn>,
     since_ack_req: u32,
@@ -64,6 +73,10 @@ impl Requester {
             ack_deadline: None,
             rnr_until: None,
             probe_at: None,
+            srtt: None,
+            rttvar: Duration::ZERO,
+            timed: None,
+            probes: 0,
             go_back_guard: None,
             since_ack_req: 0,
             ack_every: false,
@@ -92,6 +105,48 @@ impl QueuePair {
     pub(super) fn rearm_ack_timer(&mut self, now: Duration) {
         self.req.ack_deadline =
             if self.req.inflight() > 0 { self.ack_timeout().map(|t| now + t) } else { None };
+    }
+
+    /// How long to wait for an ACK before probing: resending from the first
+    /// unacknowledged PSN without spending a retry. The IBTA's local ACK timeout is a
+    /// fixed bound chosen for the worst fabric (16.8 ms at timeout 12, 67 ms at 14) and
+    /// counts retries; waiting that long for every lost tail costs thousands of round
+    /// trips on an ordinary network. So, as TCP does (RFC 6298), the requester measures
+    /// the round trip and probes after `srtt + 4 * rttvar` (at least 50 µs), doubling for
+    /// each probe without progress, never later than half the ACK timeout. Before the
+    /// first measurement it waits half the ACK timeout. Probes spend no retry: RETRY_EXC_ERR
+    /// still comes after `retry_cnt + 1` ACK timeouts, and a peer receives at most
+    /// duplicates, which it acknowledges again (duplicate READs and atomics are answered
+    /// as IBTA 9.7.5.1 says).
+    pub(super) fn pto(&self) -> Option<Duration> {
+        let cap = self.ack_timeout()? / 2;
+        let base = match self.req.srtt {
+            Some(srtt) => (srtt + 4 * self.req.rttvar).max(Duration::from_micros(50)),
+            None => cap,
+        };
+        Some(base.saturating_mul(1u32 << self.req.probes.min(16)).min(cap))
+    }
+
+    /// An ACK (or response) acknowledged every PSN up to `acked_psn`: takes the round-trip
+    /// sample if the timed PSN is among them.
+    pub(super) fn sample_rtt(&mut self, now: Duration) {
+        let Some((psn, sent)) = self.req.timed else { return };
+        if psn.distance(self.req.acked_psn) > 0 {
+            return;
+        }
+        self.req.timed = None;
+        let r = now.saturating_sub(sent);
+        match self.req.srtt {
+            None => {
+                self.req.srtt = Some(r);
+                self.req.rttvar = r / 2;
+            }
+            Some(s) => {
+                let diff = if s > r { s - r } else { r - s };
+                self.req.rttvar = self.req.rttvar * 3 / 4 + diff / 4;
+                self.req.srtt = Some(s * 7 / 8 + r / 8);
+            }
+        }
     }
 
     pub(super) fn next_request(
@@ -267,7 +322,8 @@ impl QueuePair {
 
     fn after_send(&mut self, now: Duration, i: usize, psn: Psn, payload_len: u32, last: bool, ack_req: bool) {
         self.stats.packets_sent += 1;
-        if psn.distance(self.req.max_sent) <= 0 {
+        let resent = psn.distance(self.req.max_sent) <= 0;
+        if resent {
             self.stats.retransmits += 1;
         }
         let w = &self.sq[i];
@@ -290,6 +346,14 @@ impl QueuePair {
             QpType::Rc => {
                 if self.req.ack_deadline.is_none() {
                     self.rearm_ack_timer(now);
+                }
+                // Time a PSN sent for the first time that asks for an ACK (Karn: never a
+                // resent one, whose ACK could answer either copy).
+                if ack_req && !resent && self.req.timed.is_none() {
+                    self.req.timed = Some((end_psn - 1, now));
+                }
+                if self.req.probe_at.is_none() {
+                    self.req.probe_at = self.pto().map(|t| now + t);
                 }
             }
             // Unacknowledged transports complete a WR once its last packet is out.
@@ -327,6 +391,8 @@ impl QueuePair {
         self.req.next_psn = resume_psn;
         self.req.rd_outstanding =
             self.sq.iter().take(idx).filter(|w| w.op.is_read_or_atomic() && w.done.is_none()).count() as u32;
+        // The timed PSN may be sent again: its ACK would no longer measure one round trip.
+        self.req.timed = None;
     }
 
     pub(super) fn requester_timeout(&mut self, now: Duration) {
@@ -334,17 +400,8 @@ impl QueuePair {
             self.req.rnr_until = None;
             self.rearm_ack_timer(now);
         }
-        if self.req.probe_at.is_some_and(|t| now >= t) {
-            // A tail-loss probe: one more go-back inside the retry interval. It spends no
-            // retry, so RETRY_EXC_ERR still comes after (retry_cnt + 1) timeouts, but each
-            // interval gives a lost packet or ACK two chances instead of one.
-            self.req.probe_at = None;
-            if self.req.inflight() > 0 && matches!(self.state, QpState::Rts | QpState::Sqd) {
-                self.req.go_back_guard = None;
-                self.go_back(self.req.acked_psn + 1);
-            }
-        }
         if self.req.ack_deadline.is_none_or(|t| now < t) {
+            self.requester_probe(now);
             return;
         }
         self.req.ack_deadline = None;
@@ -367,7 +424,29 @@ impl QueuePair {
         self.req.ack_every = true;
         self.go_back(self.req.acked_psn + 1);
         self.rearm_ack_timer(now);
-        self.req.probe_at = self.ack_timeout().map(|t| now + t / 2);
+        self.req.probes += 1;
+        self.req.probe_at = self.pto().map(|t| now + t);
+    }
+
+    /// The probe timer (see [`Self::pto`]), when the ACK timer did not fire in the same
+    /// pass (a timeout resends anyway, and counts).
+    fn requester_probe(&mut self, now: Duration) {
+        if self.req.probe_at.is_some_and(|t| now >= t) {
+            // A probe (see `pto`): nothing acknowledged for a probe timeout, so the tail of
+            // what was sent, or its ACK, was probably lost: go back and resend, asking for
+            // an ACK with every packet, without spending a retry. Not while an RNR NAK
+            // says to wait.
+            self.req.probe_at = None;
+            let may = self.req.rnr_until.is_none() && matches!(self.state, QpState::Rts | QpState::Sqd);
+            if self.req.inflight() > 0 && may {
+                self.stats.probes += 1;
+                self.req.go_back_guard = None;
+                self.req.ack_every = true;
+                self.go_back(self.req.acked_psn + 1);
+                self.req.probes += 1;
+                self.req.probe_at = self.pto().map(|t| now + t);
+            }
+        }
     }
 
     /// Completes the WQE at the front of the SQ with `status` and pops it, with a
