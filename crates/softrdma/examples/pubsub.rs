@@ -130,7 +130,7 @@ fn member(
     let poller = CompletionPoller::new(&ctx, 256, WaitMode::Event)?;
     let caps = QpCaps { max_send_wr: 16, max_recv_wr: 64, ..QpCaps::default() };
     let qp = id.create_qp(&pd, &QpBuilder::ud(UDP_QKEY).caps(caps), poller.cq(), poller.cq())?;
-    let conn = Connection::new(qp, &poller);
+    let conn = Connection::new(qp, &poller)?;
     before_join(&conn, &pd)?;
     id.join_multicast(group)?;
     let ev = ch.get_event_timeout(wait).ok_or("no MULTICAST_JOIN")?;

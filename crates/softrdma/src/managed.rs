@@ -33,8 +33,8 @@
 //! let qa = pda.prepare_qp(&QpBuilder::rc(), pa.cq(), pa.cq())?;
 //! let qb = pdb.prepare_qp(&QpBuilder::rc(), pb.cq(), pb.cq())?;
 //! let (ea, eb) = (qa.endpoint(), qb.endpoint());
-//! let a = Connection::new(Arc::new(qa.handshake(&eb, &ConnectOptions::default())?), &pa);
-//! let b = Connection::new(Arc::new(qb.handshake(&ea, &ConnectOptions::default())?), &pb);
+//! let a = Connection::new(Arc::new(qa.handshake(&eb, &ConnectOptions::default())?), &pa)?;
+//! let b = Connection::new(Arc::new(qb.handshake(&ea, &ConnectOptions::default())?), &pb)?;
 //!
 //! // B posts a receive: the buffer moves into the pending operation.
 //! let incoming = b.recv(Buffer::<u32>::new(&pdb, 4)?)?;
@@ -87,6 +87,15 @@ use crate::{
 
 fn lock<M>(m: &Mutex<M>) -> MutexGuard<'_, M> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The lock if it is free; a lock poisoned by a panicking callback counts as free.
+fn try_lock<M>(m: &Mutex<M>) -> Option<MutexGuard<'_, M>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -464,6 +473,9 @@ struct PollerShared {
     slots: Mutex<Slots>,
     /// Held by the thread that polls the CQ and waits on the channel.
     driver: Mutex<()>,
+    /// Held from taking a work request's number to posting it, so that the numbers of a
+    /// QP's sends rise in posting order (the unsignaled-send rule depends on it).
+    posting: Mutex<()>,
     driving: AtomicBool,
     /// Waiters that are not the driver sleep here; the driver wakes them after each
     /// dispatch and when it leaves.
@@ -482,6 +494,19 @@ impl fmt::Debug for PollerShared {
             .field("in_flight", &lock(&self.slots).by_id.len())
             .field("dispatched", &self.dispatched.load(Ordering::Relaxed))
             .finish()
+    }
+}
+
+impl Drop for PollerShared {
+    /// Operations still posted when the poller goes keep their buffers: freeing them (or
+    /// handing them back to a pool) while the QP may still use them would break the
+    /// guarantee that nothing else touches a buffer in flight. They are leaked, and stay
+    /// registered, instead.
+    fn drop(&mut self) {
+        let slots = std::mem::take(&mut *lock(&self.slots));
+        if !slots.by_id.is_empty() {
+            std::mem::forget(slots);
+        }
     }
 }
 
@@ -516,6 +541,7 @@ impl CompletionPoller {
             mode,
             slots: Mutex::new(Slots::default()),
             driver: Mutex::new(()),
+            posting: Mutex::new(()),
             driving: AtomicBool::new(false),
             wake: Mutex::new(()),
             woken: Condvar::new(),
@@ -565,9 +591,9 @@ impl CompletionPoller {
 
     /// Dispatches the completions waiting now, without blocking; returns how many.
     pub fn poll(&self) -> usize {
-        match self.shared.driver.try_lock() {
-            Ok(_g) => self.shared.dispatch(),
-            Err(_) => 0,
+        match try_lock(&self.shared.driver) {
+            Some(_g) => self.shared.dispatch(),
+            None => 0,
         }
     }
 
@@ -604,19 +630,25 @@ impl PollerShared {
                 self.strays.fetch_add(1, Ordering::Relaxed);
                 return 0;
             };
-            // A signaled send's success completes the unsignaled ones posted before it on
-            // its QP: a QP's sends complete in order.
-            if slot.send_side && wc.status == WcStatus::Success {
+            // A send's completion completes the unsignaled ones posted before it on its QP
+            // that are still here: a QP's sends complete in order, and one that failed or
+            // was flushed would have had a completion of its own before this one, so
+            // these succeeded.
+            if slot.send_side {
                 let earlier = slots.unsignaled.get_mut(&slot.qpn).map(|q| {
                     let k = q.partition_point(|&id| id < wc.wr_id);
                     q.drain(..k).collect::<Vec<_>>()
                 });
                 for id in earlier.into_iter().flatten() {
                     if let Some(s) = slots.by_id.remove(&id) {
-                        ready.push((
-                            s.on_done,
-                            WorkCompletion { wr_id: id, opcode: s.opcode, byte_len: 0, ..*wc },
-                        ));
+                        let done = WorkCompletion {
+                            wr_id: id,
+                            status: WcStatus::Success,
+                            opcode: s.opcode,
+                            byte_len: 0,
+                            ..*wc
+                        };
+                        ready.push((s.on_done, done));
                     }
                 }
             }
@@ -633,6 +665,21 @@ impl PollerShared {
         }
         self.dispatched.fetch_add(n as u64, Ordering::Relaxed);
         n
+    }
+
+    /// For a task: dispatches what the CQ holds unless a thread is driving, and registers
+    /// the task to be woken by the CQ's next arrival either way (the driver may stop
+    /// before the task's completion comes). A completion taken off the CQ by the
+    /// registration itself is dispatched here.
+    fn poll_task(&self, cx: &mut TaskContext<'_>) {
+        if let Some(_g) = try_lock(&self.driver) {
+            self.dispatch();
+        }
+        let mut next = std::pin::pin!(self.cq.next());
+        if let Poll::Ready(wc) = next.as_mut().poll(cx) {
+            self.dispatch_one(&wc);
+            cx.waker().wake_by_ref();
+        }
     }
 
     /// Wakes the waiters that are not driving.
@@ -652,8 +699,17 @@ impl PollerShared {
             if left == Some(Duration::ZERO) {
                 return false;
             }
-            if let Ok(guard) = self.driver.try_lock() {
+            if let Some(guard) = try_lock(&self.driver) {
+                // Cleared however this pass ends (a callback may panic).
+                struct Driving<'a>(&'a PollerShared);
+                impl Drop for Driving<'_> {
+                    fn drop(&mut self) {
+                        self.0.driving.store(false, Ordering::Release);
+                        self.0.kick();
+                    }
+                }
                 self.driving.store(true, Ordering::Release);
+                let on = Driving(self);
                 let n = self.dispatch();
                 if n == 0 && !ready() {
                     match self.mode {
@@ -661,9 +717,8 @@ impl PollerShared {
                         WaitMode::Event => self.sleep(left.unwrap_or(Duration::from_secs(1))),
                     }
                 }
-                self.driving.store(false, Ordering::Release);
                 drop(guard);
-                self.kick();
+                drop(on);
                 continue;
             }
             let g = lock(&self.wake);
@@ -763,15 +818,7 @@ impl<T: Pod> Future for Pending<T> {
             return Poll::Ready(d);
         }
         *lock(&self.cell.waker) = Some(cx.waker().clone());
-        if let Ok(_g) = self.poller.driver.try_lock() {
-            self.poller.dispatch();
-            // Be woken by the next arrival, which this task then dispatches.
-            let mut next = std::pin::pin!(self.poller.cq.next());
-            if let Poll::Ready(wc) = next.as_mut().poll(cx) {
-                self.poller.dispatch_one(&wc);
-                cx.waker().wake_by_ref();
-            }
-        }
+        self.poller.poll_task(cx);
         match self.take() {
             Some(d) => Poll::Ready(d),
             None => Poll::Pending,
@@ -815,9 +862,14 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Wraps a QP created on `poller.cq()`.
-    pub fn new(qp: Arc<QueuePair>, poller: &CompletionPoller) -> Connection {
-        Connection { qp, poller: poller.clone() }
+    /// Wraps a QP created on `poller.cq()` (as its send and receive CQ; another CQ is
+    /// refused: its completions would never reach the poller).
+    pub fn new(qp: Arc<QueuePair>, poller: &CompletionPoller) -> Result<Connection> {
+        let cq = poller.cq().id();
+        if qp.cq_ids() != [cq, cq] {
+            return Err(Error::InvalidArgument("the QP's CQs are not the poller's"));
+        }
+        Ok(Connection { qp, poller: poller.clone() })
     }
 
     /// The QP.
@@ -900,6 +952,7 @@ impl Connection {
             then(Done { buffer, wc });
         });
         // Table first, then post: the completion may be dispatched before post returns.
+        let posting = lock(&shared.posting);
         let id = {
             let mut slots = lock(&shared.slots);
             slots.next += 1;
@@ -920,6 +973,7 @@ impl Connection {
                 ud,
             }),
         };
+        drop(posting);
         if let Err(error) = res {
             let mut slots = lock(&shared.slots);
             slots.by_id.remove(&id);
@@ -1026,15 +1080,7 @@ impl<T: Pod> futures_core::Stream for RecvStream<T> {
             return Poll::Ready(Some(d));
         }
         *lock(&self.shared.waker) = Some(cx.waker().clone());
-        let poller = &self.conn.poller.shared;
-        if let Ok(_g) = poller.driver.try_lock() {
-            poller.dispatch();
-            let mut next = std::pin::pin!(poller.cq.next());
-            if let Poll::Ready(wc) = next.as_mut().poll(cx) {
-                poller.dispatch_one(&wc);
-                cx.waker().wake_by_ref();
-            }
-        }
+        self.conn.poller.shared.poll_task(cx);
         match lock(&self.shared.q).pop_front() {
             Some(d) => Poll::Ready(Some(d)),
             None => Poll::Pending,

@@ -513,6 +513,11 @@ impl QueuePair {
         Ok(())
     }
 
+    /// The ids of its send and receive CQs.
+    pub(crate) fn cq_ids(&self) -> [u32; 2] {
+        [self._cqs[0].id(), self._cqs[1].id()]
+    }
+
     /// The groups this QP is attached to.
     pub fn mcast_groups(&self) -> Vec<std::net::IpAddr> {
         self.groups.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(g, _)| *g).collect()

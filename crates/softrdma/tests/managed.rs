@@ -41,8 +41,8 @@ fn pair(a: u8, b: u8, mode: WaitMode, spawn_b: bool) -> (Side, Side) {
     let qa = Arc::new(qa.handshake(&eb, &opts).unwrap());
     let qb = Arc::new(qb.handshake(&ea, &opts).unwrap());
     (
-        Side { conn: Connection::new(qa, &pa), pd: pda, poller: pa, _ctx: ca },
-        Side { conn: Connection::new(qb, &pb), pd: pdb, poller: pb, _ctx: cb },
+        Side { conn: Connection::new(qa, &pa).unwrap(), pd: pda, poller: pa, _ctx: ca },
+        Side { conn: Connection::new(qb, &pb).unwrap(), pd: pdb, poller: pb, _ctx: cb },
     )
 }
 
@@ -194,6 +194,74 @@ fn unsignaled_writes_complete_with_the_next_signaled_read_and_errors_complete_at
 }
 
 #[test]
+fn an_unsignaled_write_completes_when_the_signaled_send_after_it_fails() {
+    let (a, b) = pair(19, 20, WaitMode::Event, false);
+    let target = Buffer::<u8>::with_access(&b.pd, 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let remote = target.remote().unwrap();
+    // A good unsignaled WRITE, then a signaled one with a wrong key: the second fails and
+    // takes the QP to ERROR; the first succeeded and has no completion of its own.
+    let w = a.conn.post(Op::WriteUnsignaled(remote), Buffer::from_slice(&a.pd, &[5u8; 16]).unwrap()).unwrap();
+    let bad = softrdma::RemoteRegion { rkey: remote.rkey ^ 0x100, ..remote };
+    let f = a.conn.write(Buffer::from_slice(&a.pd, &[6u8; 16]).unwrap(), bad).unwrap();
+    assert_eq!(f.wait_timeout(WAIT).unwrap().status(), WcStatus::RemAccessErr);
+    let w = w.try_take().expect("the unsignaled WRITE before the failure is done");
+    assert_eq!(w.status(), WcStatus::Success);
+    assert_eq!(target.to_vec(), [5u8; 16]);
+    assert_eq!(a.poller.in_flight(), 0);
+}
+
+#[test]
+fn unsignaled_writes_from_several_threads_come_back_only_when_done() {
+    let (a, b) = pair(21, 22, WaitMode::Busy, false);
+    let target = Buffer::<u32>::with_access(&b.pd, 1024, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let remote = target.remote().unwrap();
+    let threads: Vec<_> = (0..4u32)
+        .map(|k| {
+            let (conn, pd) = (a.conn.clone(), a.pd.clone());
+            std::thread::spawn(move || {
+                for i in 0..50u32 {
+                    let at = softrdma::RemoteRegion { addr: remote.addr + u64::from(k * 256 + i % 64) * 4, len: 4, ..remote };
+                    let mut buf = Buffer::from_slice(&pd, &[k * 1000 + i]).unwrap();
+                    let op = if i % 5 == 4 { Op::Write(at) } else { Op::WriteUnsignaled(at) };
+                    loop {
+                        match conn.post(op, buf) {
+                            Ok(p) => {
+                                if i % 5 == 4 {
+                                    p.wait_timeout(WAIT).unwrap().check().unwrap();
+                                }
+                                break;
+                            }
+                            Err(r) => {
+                                buf = r.buffer;
+                                std::thread::yield_now();
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // A last signaled WRITE from this thread completes everything before it.
+    a.conn.write(Buffer::from_slice(&a.pd, &[1u32]).unwrap(), remote).unwrap().wait_timeout(WAIT).unwrap().check().unwrap();
+    assert_eq!(a.poller.in_flight(), 0, "every unsignaled WRITE completed, none left behind");
+}
+
+#[test]
+fn a_connection_refuses_a_qp_on_another_cq() {
+    let ctx = Context::open([127, 0, 31, 18].into()).unwrap();
+    let poller = CompletionPoller::new(&ctx, 16, WaitMode::Event).unwrap();
+    let other = ctx.create_cq(16, None).unwrap();
+    let pd = ctx.alloc_pd();
+    let qp = Arc::new(pd.create_qp(&QpBuilder::rc(), &other, poller.cq()).unwrap());
+    assert!(Connection::new(qp, &poller).is_err());
+    let qp = Arc::new(pd.create_qp(&QpBuilder::rc(), poller.cq(), poller.cq()).unwrap());
+    assert!(Connection::new(qp, &poller).is_ok());
+}
+
+#[test]
 fn refused_posts_hand_the_buffer_back_untouched() {
     let (a, b) = pair(8, 9, WaitMode::Busy, false);
     let small = Buffer::<u8>::with_access(&b.pd, 8, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
@@ -201,8 +269,11 @@ fn refused_posts_hand_the_buffer_back_untouched() {
     let refused = a.conn.write(Buffer::from_slice(&a.pd, &[1u8; 9]).unwrap(), remote).unwrap_err();
     assert!(refused.to_string().contains("smaller"), "{refused}");
     assert_eq!(refused.buffer.to_vec(), [1u8; 9]);
-    // A full send queue (64 WRs): the 65th post is refused and its buffer comes back.
+    // A full send queue (64 WRs): the 65th post is refused and its buffer comes back. B's QP
+    // in ERROR acknowledges nothing, so the queue stays full.
     let target = Buffer::<u8>::with_access(&b.pd, 1, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let error = softrdma::QpAttr { state: Some(softrdma::QpState::Error), ..Default::default() };
+    b.conn.qp().modify(&error).unwrap();
     let mut pending = Vec::new();
     let mut refused_full = None;
     for i in 0..200u8 {
@@ -218,8 +289,11 @@ fn refused_posts_hand_the_buffer_back_untouched() {
     assert!(i >= 64, "refused only once the queue is full ({i})");
     assert!(matches!(r.error, softrdma::Error::Post(_)), "{:?}", r.error);
     assert_eq!(r.buffer.to_vec(), [i]);
-    for p in pending {
-        p.wait_timeout(WAIT).unwrap().check().unwrap();
+    // A's QP in ERROR flushes them all; each buffer comes back.
+    a.conn.qp().modify(&error).unwrap();
+    for (k, p) in pending.into_iter().enumerate() {
+        let d = p.wait_timeout(WAIT).unwrap();
+        assert_eq!((d.status(), d.buffer.to_vec()), (WcStatus::WrFlushErr, vec![k as u8]));
     }
     assert_eq!(a.poller.in_flight(), 0);
 }

@@ -226,7 +226,7 @@ fn make_link(mut ep: Ep) -> Result<Link, BoxError> {
     let caps = QpCaps { max_send_wr: 8, max_recv_wr: 8, ..QpCaps::default() };
     let builder = QpBuilder::rc().caps(caps).access(Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let qp = ep.create_qp(&pd, &builder, poller.cq(), poller.cq())?;
-    let conn = Connection::new(qp, &poller);
+    let conn = Connection::new(qp, &poller)?;
     Ok(Link { ep, pd, conn })
 }
 
