@@ -171,8 +171,12 @@ struct Neighbour {
     qpn: Qpn,
 }
 
-/// Packets held for a destination, and when ARP was last asked about it.
-type Held = (Instant, Vec<Vec<u8>>);
+/// Packets held for a destination, when ARP was last asked about it, and how often.
+type Held = (Instant, u32, Vec<Vec<u8>>);
+/// Destinations packets may wait for at once.
+const PENDING_DESTINATIONS: usize = 256;
+/// ARP requests for one destination before its held packets are dropped.
+const ARP_TRIES: u32 = 5;
 
 /// What the interface shares between its threads.
 struct Ipoib {
@@ -180,6 +184,8 @@ struct Ipoib {
     me: Ipv4Addr,
     prefix: u8,
     mtu: usize,
+    /// The largest datagram (header included): the group's and device's MTU.
+    dgram: usize,
     group: SocketAddr,
     ctx: Context,
     pd: ProtectionDomain,
@@ -327,35 +333,46 @@ impl Ipoib {
         add(&self.c.tx_bytes, bytes as u64);
     }
 
-    /// Keeps a packet for `dst`; true if it is time to ask ARP (again).
+    /// Keeps a packet for `dst` (at most PENDING per destination, PENDING_DESTINATIONS
+    /// destinations); true if it is time to ask ARP (again). After ARP_TRIES unanswered
+    /// requests the held packets are dropped, and the next packet starts over.
     fn hold(&self, dst: Ipv4Addr, pkt: &[u8]) -> bool {
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        let e = p.entry(dst).or_insert((now - ARP_RETRY * 2, Vec::new()));
-        if e.1.len() < PENDING {
-            e.1.push(pkt.to_vec());
+        if !p.contains_key(&dst) && p.len() >= PENDING_DESTINATIONS {
+            add(&self.c.no_neighbour, 1);
+            return false;
+        }
+        let e = p.entry(dst).or_insert((now - ARP_RETRY * 2, 0, Vec::new()));
+        if e.2.len() < PENDING {
+            e.2.push(pkt.to_vec());
         } else {
             add(&self.c.no_neighbour, 1);
         }
-        if now.duration_since(e.0) >= ARP_RETRY {
-            e.0 = now;
-            true
-        } else {
-            false
+        if now.duration_since(e.0) < ARP_RETRY {
+            return false;
         }
+        if e.1 >= ARP_TRIES {
+            add(&self.c.no_neighbour, e.2.len() as u64);
+            p.remove(&dst);
+            return false;
+        }
+        e.0 = now;
+        e.1 += 1;
+        true
     }
 
     /// Sends the packets held for `dst` (its neighbour, or its connection, is known now).
     fn release(&self, dst: Ipv4Addr) {
         let held = self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&dst);
-        for pkt in held.map(|(_, v)| v).unwrap_or_default() {
+        for pkt in held.map(|(_, _, v)| v).unwrap_or_default() {
             self.outgoing(&pkt);
         }
     }
 
     /// The largest payload (header included) a UD datagram carries.
     fn ud_mtu(&self) -> usize {
-        self.ctx.device().active_mtu().bytes() as usize
+        self.dgram
     }
 
     /// Our hardware address: flags and QPN, then the GID.
@@ -475,10 +492,12 @@ fn serve(a: &IpoibArgs) -> Result<(), BoxError> {
     let recv_cq = ctx.create_cq(UD_RX + RC_RX + 64, Some(&channel))?;
     let caps = QpCaps { max_send_wr: TX_SLOTS as u32, max_recv_wr: UD_RX as u32, ..QpCaps::default() };
     let ud = pd.prepare_qp(&QpBuilder::ud(QKEY).caps(caps), &send_cq, &recv_cq)?.ready()?;
-    ud.attach_mcast(a.group.into())?;
+    // The broadcast group's MTU (its first member's) bounds every datagram, as IPoIB's
+    // broadcast group sets the interface MTU.
+    let group_mtu = ud.attach_mcast(a.group.into())?.bytes() as usize;
     let ud_mtu = ctx.device().active_mtu().bytes() as usize;
     let mtu = match a.mode {
-        Mode::Datagram => ud_mtu - HDR,
+        Mode::Datagram => group_mtu.min(ud_mtu) - HDR,
         Mode::Connected => CM_MTU,
     };
     let slot = HDR + mtu;
@@ -514,6 +533,7 @@ fn serve(a: &IpoibArgs) -> Result<(), BoxError> {
         me: ip,
         prefix,
         mtu,
+        dgram: group_mtu.min(ud_mtu),
         group: SocketAddr::new(a.group.into(), port),
         ctx,
         pd,
@@ -712,7 +732,14 @@ fn connections(
             }
             CmEventKind::Established => {
                 if let (Some(ip), Some(qp)) = (peer, ev.id.qp()) {
-                    me.rc.lock().unwrap_or_else(|p| p.into_inner()).entry(ip).or_insert(qp);
+                    // A neighbour's first connection, or one replacing a connection that
+                    // failed (a peer that went away without a DREQ and came back).
+                    let mut rc = me.rc.lock().unwrap_or_else(|p| p.into_inner());
+                    let alive = rc.get(&ip).is_some_and(|q| q.state() == softrdma::QpState::Rts);
+                    if !alive {
+                        rc.insert(ip, qp);
+                    }
+                    drop(rc);
                     add(&me.c.connections, 1);
                     me.release(ip);
                 }
@@ -723,6 +750,16 @@ fn connections(
                     let mut rc = me.rc.lock().unwrap_or_else(|p| p.into_inner());
                     if rc.get(&ip).is_some_and(|q| Arc::ptr_eq(q, &qp)) {
                         rc.remove(&ip);
+                        // Another connection to the same neighbour (both sides connected
+                        // at once) takes over.
+                        let other = ids
+                            .iter()
+                            .filter(|(i, n)| *n == ip && !i.same(&ev.id))
+                            .filter_map(|(i, _)| i.qp())
+                            .find(|q| q.state() == softrdma::QpState::Rts);
+                        if let Some(q) = other {
+                            rc.insert(ip, q);
+                        }
                     }
                 }
                 forget(&mut ids);

@@ -416,12 +416,19 @@ impl Endpoint {
                 return;
             }
         }
-        if qpn == GSI_QPN {
-            self.handle_gsi(now, src.ip(), !exact, &pkt);
+        if qpn == Qpn::MULTICAST.get() || dst.ip().is_multicast() {
+            // A group address takes multicast datagrams only; destination QP 0xFFFFFF
+            // only comes to a group address (checked in handle_mcast).
+            if qpn != Qpn::MULTICAST.get() {
+                tracing::debug!(%src, group = %dst.ip(), "dropped: a unicast QP number sent to a group");
+                self.stats.mcast_unattached += 1;
+                return;
+            }
+            self.handle_mcast(now, arrival, &pkt, mem);
             return;
         }
-        if qpn == Qpn::MULTICAST.get() {
-            self.handle_mcast(now, arrival, &pkt, mem);
+        if qpn == GSI_QPN {
+            self.handle_gsi(now, src.ip(), !exact, &pkt);
             return;
         }
         let Some(slot) = self.qps.get_mut(&qpn) else {

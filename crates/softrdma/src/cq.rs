@@ -414,13 +414,12 @@ impl CompletionChannel {
             // event; the progress thread stays off the link meanwhile.
             let mut fds = vec![self.shared.efd.as_raw_fd()];
             fds.extend_from_slice(self.ctx.engine.link_fds());
-            self.ctx.engine.app_watch_begin();
-            let ready = sys::wait_readable_any(&fds, Some(left));
-            if ready.as_ref().is_ok_and(|r| r & !1 != 0) {
+            let watching = self.ctx.engine.app_watch_begin();
+            let ready = sys::wait_readable_any(&fds, Some(left))?;
+            if ready & !1 != 0 {
                 self.ctx.engine.try_progress_quiet();
             }
-            self.ctx.engine.app_watch_end();
-            ready?;
+            drop(watching);
         }
     }
 

@@ -200,6 +200,21 @@ pub(crate) struct Engine {
     cm_turn: Mutex<()>,
 }
 
+/// An application thread watching the link; dropping it (however the wait ends) hands the
+/// link back to the progress thread if it was the last watcher. With the progress
+/// thread's side (it sets `napping`, then looks at `app_watching`, all sequentially
+/// consistent), either the progress thread sees no watcher and does not nap off the link,
+/// or the last watcher sees it napping and wakes it.
+pub(crate) struct WatchGuard<'a>(&'a Engine);
+
+impl Drop for WatchGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.app_watching.fetch_sub(1, Ordering::SeqCst) == 1 && self.0.napping.load(Ordering::SeqCst) {
+            self.0.wake.signal();
+        }
+    }
+}
+
 /// The GSO train being built: ((destination, TOS), segment size, segments, bytes, still
 /// open).
 type Train = ((SocketAddr, u8), usize, usize, usize, bool);
@@ -1080,16 +1095,10 @@ impl Engine {
     }
 
     /// An application thread starts watching the link while it waits for an event.
-    pub(crate) fn app_watch_begin(&self) {
+    pub(crate) fn app_watch_begin(&self) -> WatchGuard<'_> {
         self.app_polls.store(0, Ordering::Relaxed);
-        self.app_watching.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// It stops: the last one to stop hands the link back to the progress thread.
-    pub(crate) fn app_watch_end(&self) {
-        if self.app_watching.fetch_sub(1, Ordering::AcqRel) == 1 && self.napping.load(Ordering::Acquire) {
-            self.wake.signal();
-        }
+        self.app_watching.fetch_add(1, Ordering::SeqCst);
+        WatchGuard(self)
     }
 
     pub(crate) fn stop(&self) {
@@ -1128,9 +1137,13 @@ impl Engine {
                 let cap = if watched { MAX_SLEEP } else { Duration::from_millis(1) };
                 let nap = cap.min(timeout.unwrap_or(Duration::MAX));
                 self.sleeping_until.fetch_min(now + ns(nap), Ordering::AcqRel);
-                self.napping.store(true, Ordering::Release);
-                let _ = sys::wait_readable([self.wake.as_raw_fd()], Some(nap));
-                self.napping.store(false, Ordering::Release);
+                self.napping.store(true, Ordering::SeqCst);
+                // The last watcher may have left since `watched` was read, before it could
+                // see `napping`: then do not nap (see `WatchGuard`).
+                if !watched || self.app_watching.load(Ordering::SeqCst) > 0 {
+                    let _ = sys::wait_readable([self.wake.as_raw_fd()], Some(nap));
+                }
+                self.napping.store(false, Ordering::SeqCst);
             } else {
                 // Never sleep longer than MAX_SLEEP, so that a timer armed later without a
                 // nudge (a far one) still fires on time.

@@ -124,10 +124,9 @@ impl Drop for Membership {
         let Ok(mut f) = locked(&self.path) else { return };
         let Ok(list) = members(&mut f) else { return };
         let rest: Vec<String> = list.into_iter().map(|(l, _)| l).filter(|l| *l != self.line).collect();
+        // An empty file stays: removing it while another process waits for its lock would
+        // let that process register in a file no one else opens.
         let _ = rewrite(&mut f, &rest);
-        if rest.is_empty() {
-            let _ = std::fs::remove_file(&self.path);
-        }
     }
 }
 

@@ -220,7 +220,11 @@ fn unsignaled_writes_from_several_threads_come_back_only_when_done() {
             let (conn, pd) = (a.conn.clone(), a.pd.clone());
             std::thread::spawn(move || {
                 for i in 0..50u32 {
-                    let at = softrdma::RemoteRegion { addr: remote.addr + u64::from(k * 256 + i % 64) * 4, len: 4, ..remote };
+                    let at = softrdma::RemoteRegion {
+                        addr: remote.addr + u64::from(k * 256 + i % 64) * 4,
+                        len: 4,
+                        ..remote
+                    };
                     let mut buf = Buffer::from_slice(&pd, &[k * 1000 + i]).unwrap();
                     let op = if i % 5 == 4 { Op::Write(at) } else { Op::WriteUnsignaled(at) };
                     loop {
@@ -245,7 +249,13 @@ fn unsignaled_writes_from_several_threads_come_back_only_when_done() {
         t.join().unwrap();
     }
     // A last signaled WRITE from this thread completes everything before it.
-    a.conn.write(Buffer::from_slice(&a.pd, &[1u32]).unwrap(), remote).unwrap().wait_timeout(WAIT).unwrap().check().unwrap();
+    a.conn
+        .write(Buffer::from_slice(&a.pd, &[1u32]).unwrap(), remote)
+        .unwrap()
+        .wait_timeout(WAIT)
+        .unwrap()
+        .check()
+        .unwrap();
     assert_eq!(a.poller.in_flight(), 0, "every unsignaled WRITE completed, none left behind");
 }
 

@@ -142,7 +142,7 @@ impl QueuePair {
                 self.req.rttvar = r / 2;
             }
             Some(s) => {
-                let diff = if s > r { s - r } else { r - s };
+                let diff = s.abs_diff(r);
                 self.req.rttvar = self.req.rttvar * 3 / 4 + diff / 4;
                 self.req.srtt = Some(s * 7 / 8 + r / 8);
             }

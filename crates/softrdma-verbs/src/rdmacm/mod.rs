@@ -437,15 +437,19 @@ pub unsafe extern "C" fn rdma_join_multicast(
         if !group.is_multicast() {
             return Err(libc::EINVAL);
         }
-        if i.mcast.iter().any(|(g, _)| *g == group) {
+        if rt_of(i)?.multicast_groups().contains(&group) {
             return Err(libc::EADDRINUSE);
         }
+        // The context stays with the group (a later join replaces it), so that an event
+        // read after the program left the group still carries it.
+        i.mcast.retain(|(g, _)| *g != group);
         i.mcast.push((group, context));
-        if let Err(e) = rt_of(i)?.join_multicast(group) {
-            i.mcast.retain(|(g, _)| *g != group);
-            return Err(errno(e));
+        rt_of(i)?.join_multicast(group).map_err(errno)?;
+        let done = complete(i);
+        if done.is_err() {
+            let _ = rt_of(i)?.leave_multicast(group);
         }
-        complete(i)
+        done
     })
 }
 
@@ -488,8 +492,12 @@ pub unsafe extern "C" fn rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut li
         if !i.mcast.iter().any(|(g, _)| *g == group) {
             return Err(libc::EADDRNOTAVAIL);
         }
-        i.mcast.retain(|(g, _)| *g != group);
-        rt_of(i)?.leave_multicast(group).map_err(errno)
+        let rt = rt_of(i)?;
+        // A join that ended in MULTICAST_ERROR left nothing to leave: that is no error.
+        if rt.multicast_groups().contains(&group) {
+            rt.leave_multicast(group).map_err(errno)?;
+        }
+        Ok(())
     })
 }
 

@@ -609,12 +609,12 @@ impl CmId {
             .iter()
             .position(|g| *g == group)
             .ok_or(Error::CmState("the ID did not join the group"))?;
-        st.joined.remove(at);
         if let Some(qp) = &st.qp {
             if qp.mcast_groups().contains(&group) {
                 qp.detach_mcast(group)?;
             }
         }
+        st.joined.remove(at);
         Ok(())
     }
 
