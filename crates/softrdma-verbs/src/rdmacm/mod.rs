@@ -444,7 +444,10 @@ pub unsafe extern "C" fn rdma_join_multicast(
         // read after the program left the group still carries it.
         i.mcast.retain(|(g, _)| *g != group);
         i.mcast.push((group, context));
-        rt_of(i)?.join_multicast(group).map_err(errno)?;
+        if let Err(e) = rt_of(i)?.join_multicast(group) {
+            i.mcast.retain(|(g, _)| *g != group);
+            return Err(errno(e));
+        }
         let done = complete(i);
         if done.is_err() {
             let _ = rt_of(i)?.leave_multicast(group);
