@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# softrdma on a lossy path, real sockets: two network namespaces joined by a veth pair,
+# nftables dropping a share of the datagrams that arrive in the server's namespace
+# (`numgen random mod 1000 < N drop`), and `softrdma perf write_bw` across it, loss-free
+# and at each loss rate, in one run; iperf3 (TCP) beside it on the same path. Needs root,
+# nftables and iperf3. Usage: bench/lossy.sh [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t=${1:-4}
+cargo build --release -q -p softrdma-cli
+S=$PWD/target/release/softrdma
+id=$$
+A=lossy-a$id B=lossy-b$id
+cleanup() { ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; }
+trap cleanup EXIT
+ip netns add "$A"; ip netns add "$B"
+ip link add "la$id" type veth peer name "lb$id"
+ip link set "la$id" netns "$A"; ip link set "lb$id" netns "$B"
+ip -n "$A" addr add 10.202.0.1/24 dev "la$id"; ip -n "$B" addr add 10.202.0.2/24 dev "lb$id"
+for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
+ip -n "$A" link set "la$id" up; ip -n "$B" link set "lb$id" up
+
+loss() { # per mille, both directions
+  for ns in "$A" "$B"; do
+    ip netns exec "$ns" nft flush ruleset
+    if [ "$1" != 0 ]; then
+      ip netns exec "$ns" nft add table inet lossy
+      ip netns exec "$ns" nft add chain inet lossy in '{ type filter hook input priority 0; }'
+      ip netns exec "$ns" nft add rule inet lossy in numgen random mod 1000 '<' "$1" drop
+    fi
+  done
+}
+wbw() {
+  ip netns exec "$B" timeout $((t + 30)) "$S" perf write_bw -s 65536 -D "$t" -d 10.202.0.2 -p 19555 >/dev/null 2>&1 &
+  sleep 0.7
+  ip netns exec "$A" timeout $((t + 30)) "$S" perf write_bw -s 65536 -D "$t" -d 10.202.0.1 -p 19555 --json 10.202.0.2 2>/dev/null |
+    tail -1 | python3 -c 'import json,sys; print("%.0f" % json.loads(sys.stdin.read())["bw_average"])'
+  wait
+}
+tcp() {
+  ip netns exec "$B" timeout $((t + 20)) iperf3 -s -1 -B 10.202.0.2 >/dev/null 2>&1 &
+  sleep 0.5
+  ip netns exec "$A" timeout $((t + 15)) iperf3 -c 10.202.0.2 -t "$t" -J |
+    python3 -c 'import json,sys; print("%.0f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8/2**20))'
+  wait
+}
+printf '%-10s %18s %10s %16s %10s\n' "loss" "write_bw MiB/s" "of clean" "iperf3 MiB/s" "of clean"
+base=""; tbase=""
+for pm in 0 1 10 50; do
+  loss $pm
+  w=$(wbw); c=$(tcp)
+  [ -z "$base" ] && base=$w && tbase=$c
+  printf '%-10s %18s %10s %16s %10s\n' "$(python3 -c "print(f'{$pm/10:g} %')")" "$w" \
+    "$(python3 -c "print(f'{$w/$base:.2f}')")" "$c" "$(python3 -c "print(f'{$c/$tbase:.2f}')")"
+done
