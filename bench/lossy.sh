@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 t=${1:-4}
 cargo build --release -q -p softrdma-cli
-S=$PWD/target/release/softrdma
+S=${SOFTRDMA_BIN:-$PWD/target/release/softrdma}
 id=$$
 A=lossy-a$id B=lossy-b$id
 cleanup() { ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; }
