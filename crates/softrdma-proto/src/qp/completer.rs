@@ -154,8 +154,13 @@ impl QueuePair {
         self.req.retry_left = self.retry_cnt;
         self.req.rnr_left = self.rnr_retry;
         self.req.ack_every = false;
-        self.sample_rtt(now);
-        self.req.probes = 0;
+        // The probe's back-off holds until a fresh measurement (Karn): an ACK of packets
+        // sent before a probe says nothing of how late the peer now is.
+        let fresh = self.req.probe_mark.is_none_or(|m| self.req.acked_psn.distance(m) > 0);
+        if self.sample_rtt(now) || fresh {
+            self.req.probes = 0;
+            self.req.probe_mark = None;
+        }
         self.req.probe_at = if self.req.inflight() > 0 { self.pto().map(|t| now + t) } else { None };
         self.rearm_ack_timer(now);
     }

@@ -47,8 +47,17 @@ pub(super) struct Requester {
     pub(super) rttvar: Duration,
     /// The PSN being timed and when it was sent (one at a time, as TCP times segments).
     pub(super) timed: Option<(Psn, Duration)>,
-    /// Probes sent since the last progress: each doubles the next probe's wait.
+    /// The smoothed interval between ACKs that make progress while data is in flight,
+    /// and when the last one came: a peer that acknowledges every 32 packets on a slow
+    /// link is not late because its ACKs are further apart than a round trip.
+    pub(super) ack_gap: Duration,
+    pub(super) last_progress: Option<Duration>,
+    /// Probes sent since the last fresh news from the peer: each doubles the next
+    /// probe's wait.
     pub(super) probes: u32,
+    /// The highest PSN sent when the last probe went: an ACK beyond it acknowledges
+    /// packets first sent after the probe, fresh news that ends the back-off.
+    pub(super) probe_mark: Option<Psn>,
     /// The PSN of the last go-back triggered by a response, to ignore repeats of it.
     pub(super) go_back_guard: Option<Psn>,
     since_ack_req: u32,
@@ -76,7 +85,10 @@ impl Requester {
             srtt: None,
             rttvar: Duration::ZERO,
             timed: None,
+            ack_gap: Duration::ZERO,
+            last_progress: None,
             probes: 0,
+            probe_mark: None,
             go_back_guard: None,
             since_ack_req: 0,
             ack_every: false,
@@ -121,18 +133,26 @@ impl QueuePair {
     pub(super) fn pto(&self) -> Option<Duration> {
         let cap = self.ack_timeout()? / 2;
         let base = match self.req.srtt {
-            Some(srtt) => (srtt + 4 * self.req.rttvar).max(Duration::from_micros(50)),
+            Some(srtt) => {
+                (srtt + 4 * self.req.rttvar).max(2 * self.req.ack_gap).max(Duration::from_micros(50))
+            }
             None => cap,
         };
         Some(base.saturating_mul(1u32 << self.req.probes.min(16)).min(cap))
     }
 
     /// An ACK (or response) acknowledged every PSN up to `acked_psn`: takes the round-trip
-    /// sample if the timed PSN is among them.
-    pub(super) fn sample_rtt(&mut self, now: Duration) {
-        let Some((psn, sent)) = self.req.timed else { return };
+    /// sample if the timed PSN is among them (and returns whether it did), and the
+    /// interval since the previous progress.
+    pub(super) fn sample_rtt(&mut self, now: Duration) -> bool {
+        if let Some(last) = self.req.last_progress {
+            let gap = now.saturating_sub(last);
+            self.req.ack_gap = self.req.ack_gap * 7 / 8 + gap / 8;
+        }
+        self.req.last_progress = (self.req.inflight() > 0).then_some(now);
+        let Some((psn, sent)) = self.req.timed else { return false };
         if psn.distance(self.req.acked_psn) > 0 {
-            return;
+            return false;
         }
         self.req.timed = None;
         let r = now.saturating_sub(sent);
@@ -147,6 +167,7 @@ impl QueuePair {
                 self.req.srtt = Some(s * 7 / 8 + r / 8);
             }
         }
+        true
     }
 
     pub(super) fn next_request(
@@ -348,8 +369,10 @@ impl QueuePair {
                     self.rearm_ack_timer(now);
                 }
                 // Time a PSN sent for the first time that asks for an ACK (Karn: never a
-                // resent one, whose ACK could answer either copy).
-                if ack_req && !resent && self.req.timed.is_none() {
+                // resent one, whose ACK could answer either copy), of a SEND or WRITE: a
+                // READ's or atomic's answer comes after the peer's work and the data.
+                let timeable = !self.sq[i].op.is_read_or_atomic();
+                if ack_req && !resent && timeable && self.req.timed.is_none() {
                     self.req.timed = Some((end_psn - 1, now));
                 }
                 if self.req.probe_at.is_none() {
@@ -437,13 +460,16 @@ impl QueuePair {
             // an ACK with every packet, without spending a retry. Not while an RNR NAK
             // says to wait.
             self.req.probe_at = None;
-            let may = self.req.rnr_until.is_none() && matches!(self.state, QpState::Rts | QpState::Sqd);
+            // Not in SQD: a WQE sent before the drain began and rewound to its start would
+            // not be sent again there.
+            let may = self.req.rnr_until.is_none() && self.state == QpState::Rts;
             if self.req.inflight() > 0 && may {
                 self.stats.probes += 1;
                 self.req.go_back_guard = None;
                 self.req.ack_every = true;
                 self.go_back(self.req.acked_psn + 1);
                 self.req.probes += 1;
+                self.req.probe_mark = Some(self.req.max_sent);
                 self.req.probe_at = self.pto().map(|t| now + t);
             }
         }
