@@ -156,6 +156,7 @@ impl QueuePair {
         self.req.ack_every = false;
         // The probe's back-off holds until a fresh measurement (Karn): an ACK of packets
         // sent before a probe says nothing of how late the peer now is.
+        self.grow_window();
         let fresh = self.req.probe_mark.is_none_or(|m| self.req.acked_psn.distance(m) > 0);
         if self.sample_rtt(now) || fresh {
             self.req.probes = 0;

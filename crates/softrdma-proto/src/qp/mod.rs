@@ -187,6 +187,14 @@ pub struct QpStats {
     pub timeouts: u64,
     /// Probes: go-backs after a probe timeout without an ACK (no retry spent).
     pub probes: u64,
+    /// Requests that arrived marked Congestion Experienced.
+    pub ce_received: u64,
+    /// CNPs sent (one per CE-marked arrival, at most one per 50 µs).
+    pub cnps_sent: u64,
+    /// CNPs received.
+    pub cnps_received: u64,
+    /// The congestion window now, in PSNs (RC).
+    pub cwnd: u64,
     /// RNR NAKs received.
     pub rnr_naks_received: u64,
     /// Sequence NAKs received.
@@ -343,7 +351,7 @@ impl QueuePair {
     }
     /// Counters.
     pub fn stats(&self) -> QpStats {
-        self.stats
+        QpStats { cwnd: u64::from(self.req.cwnd), ..self.stats }
     }
     /// The path MTU (RC, UC) or the MTU UD sends are limited to.
     pub fn mtu(&self) -> Mtu {
@@ -631,6 +639,20 @@ impl QueuePair {
         mut srq: Option<&mut Srq>,
     ) {
         let op = pkt.opcode();
+        if op.transport() == crate::wire::Transport::Cnp {
+            // A congestion notification from the peer's responder.
+            // Only from the peer: its address and, once latched, its UDP port (as every
+            // other packet).
+            let connected = self.cfg.qp_type != QpType::Ud;
+            let from_peer = self.remote.is_some_and(|r| r.ip() == src.ip())
+                && self.peer_port.is_none_or(|p| p == src.port());
+            if connected && from_peer {
+                self.on_cnp(now);
+            } else {
+                self.stats.dropped += 1;
+            }
+            return;
+        }
         let transport_ok = match self.cfg.qp_type {
             QpType::Rc => op.transport() == crate::wire::Transport::Rc,
             QpType::Uc => op.transport() == crate::wire::Transport::Uc,

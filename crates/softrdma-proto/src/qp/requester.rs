@@ -58,6 +58,17 @@ pub(super) struct Requester {
     /// The highest PSN sent when the last probe went: an ACK beyond it acknowledges
     /// packets first sent after the probe, fresh news that ends the back-off.
     pub(super) probe_mark: Option<Psn>,
+    /// The congestion window, in PSNs (at most MAX_INFLIGHT_PSNS): cut by CNPs, grown
+    /// by one per window of PSNs acknowledged (see `on_cnp`).
+    pub(super) cwnd: u32,
+    /// PSNs acknowledged towards the next growth of the window.
+    pub(super) cwnd_credit: u32,
+    /// The last PSN the window's growth counted.
+    pub(super) cc_acked: Psn,
+    /// DCQCN's alpha, the estimate of how congested the path is, in 1/65536.
+    pub(super) alpha: u32,
+    /// When the window was last cut (at most one cut per round trip).
+    pub(super) last_cut: Option<Duration>,
     /// The PSN of the last go-back triggered by a response, to ignore repeats of it.
     pub(super) go_back_guard: Option<Psn>,
     since_ack_req: u32,
@@ -89,6 +100,11 @@ impl Requester {
             last_progress: None,
             probes: 0,
             probe_mark: None,
+            cwnd: MAX_INFLIGHT_PSNS,
+            cwnd_credit: 0,
+            cc_acked: sq_psn - 1,
+            alpha: 1 << 16,
+            last_cut: None,
             go_back_guard: None,
             since_ack_req: 0,
             ack_every: false,
@@ -141,6 +157,41 @@ impl QueuePair {
         Some(base.saturating_mul(1u32 << self.req.probes.min(16)).min(cap))
     }
 
+    /// A CNP: the path is congested. As DCQCN's reaction point does, raise alpha (the
+    /// congestion estimate) and cut the window by alpha / 2, at most once per round trip
+    /// (50 µs before the first measurement); the window never goes below one PSN.
+    pub(super) fn on_cnp(&mut self, now: Duration) {
+        self.stats.cnps_received += 1;
+        let hold = self.req.srtt.unwrap_or(Duration::from_micros(50));
+        if self.req.last_cut.is_some_and(|t| now < t + hold) {
+            return;
+        }
+        self.req.last_cut = Some(now);
+        self.req.alpha = self.req.alpha - self.req.alpha / 16 + (1 << 16) / 16;
+        let cut = (u64::from(self.req.cwnd) * u64::from(self.req.alpha) >> 17) as u32;
+        self.req.cwnd = self.req.cwnd.saturating_sub(cut.max(1)).max(1);
+        self.req.cwnd_credit = 0;
+    }
+
+    /// Progress without news of congestion: one PSN more per window acknowledged
+    /// (additive increase), and alpha decays as DCQCN's does when no CNP comes.
+    pub(super) fn grow_window(&mut self) {
+        let n = self.req.acked_psn.distance(self.req.cc_acked);
+        if n <= 0 {
+            return;
+        }
+        self.req.cc_acked = self.req.acked_psn;
+        if self.req.cwnd >= MAX_INFLIGHT_PSNS {
+            return;
+        }
+        self.req.cwnd_credit += n as u32;
+        while self.req.cwnd_credit >= self.req.cwnd && self.req.cwnd < MAX_INFLIGHT_PSNS {
+            self.req.cwnd_credit -= self.req.cwnd;
+            self.req.cwnd += 1;
+            self.req.alpha -= self.req.alpha / 16;
+        }
+    }
+
     /// An ACK (or response) acknowledged every PSN up to `acked_psn`: takes the round-trip
     /// sample if the timed PSN is among them (and returns whether it did), and the
     /// interval since the previous progress.
@@ -185,7 +236,12 @@ impl QueuePair {
         let rc = self.cfg.qp_type == QpType::Rc;
         let i = self.req.send_idx;
         let w = self.sq.get(i)?;
-        if rc && self.req.inflight() >= MAX_INFLIGHT_PSNS {
+        // The congestion window holds back fresh PSNs only: a go-back resends up to the
+        // highest PSN sent at once, as before, since the peer's ACKs of the first copies
+        // count only once the resends have caught up with them.
+        let fresh = self.req.next_psn.distance(self.req.max_sent) > 0;
+        let window = if fresh { self.req.cwnd.min(MAX_INFLIGHT_PSNS) } else { MAX_INFLIGHT_PSNS };
+        if rc && self.req.inflight() >= window {
             return None;
         }
         let pmtu = self.mtu.bytes();
@@ -321,13 +377,17 @@ impl QueuePair {
             repr.bth.ack_req = last
                 || self.req.ack_every
                 || self.req.since_ack_req + 1 >= ACK_REQ_EVERY
-                || self.req.inflight() + 1 >= MAX_INFLIGHT_PSNS;
+                || self.req.inflight() + 1 >= self.req.cwnd.min(MAX_INFLIGHT_PSNS);
         }
         let head_len = Self::emit_head(&repr, buf, inline)?;
         let pad = usize::from(crate::wire::pad_count(payload_len));
         let tx = match self.finish_packet(dst, &buf[..head_len], payload, pad, mem) {
             Ok(t) => match self.sq[i].ud {
                 Some(ud) => Transmit { tos: ud.traffic_class, ..t },
+                // Connected requests are ECN-capable (ECT(0)) unless the address vector's
+                // traffic class says otherwise: a congested router marks them instead of
+                // dropping them, and the responder answers a mark with a CNP.
+                None if t.tos & 3 == 0 => Transmit { tos: t.tos | 0b10, ..t },
                 None => t,
             },
             Err(_) => {

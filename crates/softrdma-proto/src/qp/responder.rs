@@ -35,10 +35,27 @@ enum Resource {
 
 /// An answer waiting to be sent.
 enum Answer {
-    Ack { psn: Psn, syndrome: AethSyndrome },
-    AtomicAck { psn: Psn, orig: u64 },
-    Read { psn: Psn, va: u64, rkey: Rkey, len: u64, sent: u64 },
+    Ack {
+        psn: Psn,
+        syndrome: AethSyndrome,
+    },
+    AtomicAck {
+        psn: Psn,
+        orig: u64,
+    },
+    Read {
+        psn: Psn,
+        va: u64,
+        rkey: Rkey,
+        len: u64,
+        sent: u64,
+    },
+    /// A congestion notification (RoCEv2 CNP) for the requester.
+    Cnp,
 }
+
+/// CNPs a QP sends at most one of per interval (DCQCN's notification point rate).
+const CNP_INTERVAL: Duration = Duration::from_micros(50);
 
 pub(super) struct Responder {
     epsn: Psn,
@@ -48,6 +65,8 @@ pub(super) struct Responder {
     uc_resync: bool,
     resources: VecDeque<Resource>,
     tx: VecDeque<Answer>,
+    /// When the last CNP was queued.
+    last_cnp: Option<Duration>,
 }
 
 impl Responder {
@@ -65,6 +84,7 @@ impl Responder {
             uc_resync: false,
             resources: VecDeque::new(),
             tx: VecDeque::new(),
+            last_cnp: None,
         }
     }
 
@@ -115,13 +135,22 @@ impl From<MemError> for Fault {
 impl QueuePair {
     pub(super) fn handle_request(
         &mut self,
-        _now: Duration,
+        now: Duration,
         src: SocketAddr,
         tos: u8,
         pkt: &Packet<&[u8]>,
         mem: &mut dyn Memory,
         srq: RecvSource<'_, '_>,
     ) {
+        // A router on the way marked the packet Congestion Experienced: tell the
+        // requester with a CNP (RoCEv2, Annex A17.9.3), at most one per CNP_INTERVAL.
+        if tos & 3 == 3 && self.cfg.qp_type != QpType::Ud {
+            self.stats.ce_received += 1;
+            if self.resp.last_cnp.is_none_or(|t| now >= t + CNP_INTERVAL) {
+                self.resp.last_cnp = Some(now);
+                self.resp.tx.push_back(Answer::Cnp);
+            }
+        }
         match self.cfg.qp_type {
             QpType::Ud => self.ud_receive(src, tos, pkt, mem, srq),
             QpType::Uc => self.uc_receive(src, pkt, mem, srq),
@@ -521,6 +550,12 @@ impl QueuePair {
                 let mut r = PacketRepr::new(BthRepr::new(rc(Operation::Acknowledge)?, dest_qp, psn), 0);
                 r.ext.aeth = Some(AethRepr { syndrome, msn });
                 (r, Vec::new(), true)
+            }
+            Answer::Cnp => {
+                let mut bth = BthRepr::new(Opcode::new(0x81)?, dest_qp, Psn::new(0));
+                bth.becn = true;
+                self.stats.cnps_sent += 1;
+                (PacketRepr::new(bth, 0), Vec::new(), true)
             }
             Answer::AtomicAck { psn, orig } => {
                 let mut r = PacketRepr::new(BthRepr::new(rc(Operation::AtomicAcknowledge)?, dest_qp, psn), 0);

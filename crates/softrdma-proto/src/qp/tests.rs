@@ -567,3 +567,96 @@ fn an_atomic_ack_for_something_else_is_dropped() {
     assert_eq!(t.qp.stats().dropped, dropped + 1);
     assert_eq!(t.qp.state(), QpState::Rts);
 }
+
+/// Every packet the QP sends now: (opcode code, BECN, TOS).
+fn raw_out(t: &mut T) -> Vec<(u8, bool, u8)> {
+    let mut v = Vec::new();
+    while let Some(tx) = t.qp.poll_transmit(t.now, &mut t.buf, &t.mem) {
+        let bytes = tx.assemble(&t.buf, &t.mem);
+        let p = Packet::new_checked(&bytes[..]).unwrap();
+        assert_eq!(p.bth().dest_qp().get(), PEER_QPN);
+        v.push((p.opcode().code(), p.bth().becn(), tx.tos));
+    }
+    v
+}
+
+/// A SEND_ONLY from the peer at `psn` that arrived with IP TOS `tos`.
+fn send_with_tos(t: &mut T, psn: u32, tos: u8) {
+    let opcode = Opcode::from_parts(Transport::Rc, Operation::SendOnly).unwrap();
+    let mut b = BthRepr::new(opcode, Qpn::new(0x42), Psn::new(psn));
+    b.ack_req = true;
+    let r = PacketRepr::new(b, 8);
+    let mut bytes = vec![0u8; r.total_len()];
+    r.emit(&mut bytes, &[1; 8], &icrc::Encap::new(peer(), me()).unwrap()).unwrap();
+    let p = Packet::new_checked(&bytes[..]).unwrap();
+    t.qp.handle_packet(t.now, peer(), tos, &p, &mut t.mem, None);
+}
+
+#[test]
+fn a_congestion_mark_is_answered_with_one_cnp_per_interval() {
+    let mut t = T::new(QpType::Rc);
+    for k in 0..3 {
+        t.qp.post_recv(RecvWr { wr_id: k, sg_list: vec![Sge { addr: BASE, length: 64, lkey: t.lkey }] })
+            .unwrap();
+    }
+    // Not marked: an ACK, no CNP.
+    send_with_tos(&mut t, RQ, 0b10);
+    assert_eq!(raw_out(&mut t).iter().filter(|o| o.0 == 0x81).count(), 0);
+    // Marked CE (0b11): the ACK and a CNP with BECN set, to the peer's QP.
+    send_with_tos(&mut t, RQ + 1, 0b11);
+    let out = raw_out(&mut t);
+    assert!(out.iter().any(|&(op, becn, _)| op == 0x81 && becn), "{out:?}");
+    // Another mark within 50 µs: no second CNP; after it, one more.
+    send_with_tos(&mut t, RQ + 2, 0b11);
+    assert_eq!(raw_out(&mut t).iter().filter(|o| o.0 == 0x81).count(), 0);
+    t.now += Duration::from_micros(60);
+    send_with_tos(&mut t, RQ + 2, 0b11); // a duplicate, marked: still congestion news
+    assert_eq!(raw_out(&mut t).iter().filter(|o| o.0 == 0x81).count(), 1);
+    let s = t.qp.stats();
+    assert_eq!((s.ce_received, s.cnps_sent), (3, 2));
+}
+
+#[test]
+fn requests_are_ecn_capable_and_cnps_shrink_the_window_that_acks_grow_back() {
+    let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Send, 0, 8);
+    let out = raw_out(&mut t);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].2 & 3, 0b10, "ECT(0) on a request");
+    t.ack(SQ, AethSyndrome::ACK);
+    assert_eq!(t.qp.stats().cwnd, u64::from(MAX_INFLIGHT_PSNS));
+    let cnp = |t: &mut T, from: SocketAddr| {
+        let mut b = BthRepr::new(Opcode::new(0x81).unwrap(), Qpn::new(0x42), Psn::new(0));
+        b.becn = true;
+        t.feed_from(from, &PacketRepr::new(b, 0), &[]);
+    };
+    // A CNP from a stranger is ignored.
+    cnp(&mut t, "192.0.2.99:4791".parse().unwrap());
+    assert_eq!(t.qp.stats().cwnd, u64::from(MAX_INFLIGHT_PSNS));
+    // CNPs from the peer, 100 µs apart, cut the window; it never reaches zero.
+    let mut last = t.qp.stats().cwnd;
+    for _ in 0..40 {
+        t.now += Duration::from_micros(100);
+        cnp(&mut t, peer());
+        let w = t.qp.stats().cwnd;
+        assert!(w <= last && w >= 1, "{w} after {last}");
+        last = w;
+    }
+    assert!(last < 16, "forty CNPs leave a small window ({last})");
+    assert_eq!(t.qp.stats().cnps_received, 40);
+    // Two CNPs at once count as one cut.
+    t.now += Duration::from_micros(100);
+    cnp(&mut t, peer());
+    let once = t.qp.stats().cwnd;
+    cnp(&mut t, peer());
+    assert_eq!(t.qp.stats().cwnd, once);
+    // The window holds back packets: of 64 one-packet SENDs, `cwnd` leave before an ACK.
+    for k in 0..64 {
+        t.post(100 + k, SendOp::Send, 0, 8);
+    }
+    let sent = raw_out(&mut t).len() as u64;
+    assert_eq!(sent, once, "as many packets in flight as the window");
+    // ACKs grow it again, one PSN per window acknowledged.
+    t.ack(SQ + sent as u32, AethSyndrome::ACK);
+    assert!(t.qp.stats().cwnd > once, "{} after {once}", t.qp.stats().cwnd);
+}
