@@ -168,7 +168,7 @@ impl QueuePair {
         }
         self.req.last_cut = Some(now);
         self.req.alpha = self.req.alpha - self.req.alpha / 16 + (1 << 16) / 16;
-        let cut = (u64::from(self.req.cwnd) * u64::from(self.req.alpha) >> 17) as u32;
+        let cut = ((u64::from(self.req.cwnd) * u64::from(self.req.alpha)) >> 17) as u32;
         self.req.cwnd = self.req.cwnd.saturating_sub(cut.max(1)).max(1);
         self.req.cwnd_credit = 0;
     }
