@@ -432,3 +432,24 @@ fn a_lost_peer_flushes_the_receives_and_returns_their_buffers() {
     }
     assert_eq!(pool.available(), 2, "both buffers went back to the pool");
 }
+
+#[test]
+fn a_buffers_length_capacity_and_bounds() {
+    let ctx = Context::open([127, 0, 31, 23].into()).unwrap();
+    let pd = ctx.alloc_pd();
+    let mut b = Buffer::<u32>::new(&pd, 8).unwrap();
+    assert_eq!((b.len(), b.capacity(), b.byte_len(), b.is_empty()), (8, 8, 32, false));
+    b.set_len(8).unwrap();
+    assert!(b.set_len(9).is_err(), "past the capacity");
+    b.set_len(3).unwrap();
+    assert_eq!((b.len(), b.byte_len(), b.is_empty()), (3, 12, false));
+    b.set_len(0).unwrap();
+    assert!(b.is_empty());
+    b.copy_from(&[9; 8]).unwrap();
+    assert_eq!((b.len(), b.to_vec()), (8, vec![9; 8]), "exactly the capacity fits");
+    assert!(b.copy_from(&[1; 9]).is_err());
+    assert!(b.set(8, 1).is_err() && b.get(8).is_none());
+    assert!(b.write(7, &[1, 2]).is_err(), "a write past the capacity");
+    assert!(Buffer::<()>::new(&pd, 4).is_err(), "a zero-sized type");
+    assert!(Buffer::<u64>::new(&pd, usize::MAX / 4).is_err(), "a size that overflows");
+}
