@@ -453,3 +453,41 @@ fn a_buffers_length_capacity_and_bounds() {
     assert!(Buffer::<()>::new(&pd, 4).is_err(), "a zero-sized type");
     assert!(Buffer::<u64>::new(&pd, usize::MAX / 4).is_err(), "a size that overflows");
 }
+
+#[test]
+fn a_poller_without_a_thread_dispatches_when_asked_and_counts_strays() {
+    let (a, b) = pair(24, 25, WaitMode::Event, false);
+    let got = Arc::new(AtomicUsize::new(0));
+    for _ in 0..3 {
+        let got = got.clone();
+        b.conn
+            .post_then(Op::Recv, Buffer::<u8>::new(&b.pd, 16).unwrap(), move |d| {
+                assert_eq!(d.status(), WcStatus::Success);
+                got.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+    }
+    for k in 0..3u8 {
+        a.conn.send(Buffer::from_slice(&a.pd, &[k; 4]).unwrap()).unwrap().wait_timeout(WAIT).unwrap();
+    }
+    // Nothing runs the callbacks until someone dispatches: poll() takes what is there.
+    let deadline = Instant::now() + WAIT;
+    let mut polled = 0;
+    while polled < 3 && Instant::now() < deadline {
+        polled += b.poller.poll();
+    }
+    assert_eq!((polled, got.load(Ordering::SeqCst)), (3, 3));
+    assert_eq!(b.poller.poll(), 0, "nothing left");
+    // wait_timeout reports how many it dispatched: none within a short wait, then one.
+    assert_eq!(b.poller.wait_timeout(Duration::from_millis(20)), 0);
+    let one = b.conn.recv(Buffer::<u8>::new(&b.pd, 16).unwrap()).unwrap();
+    a.conn.send(Buffer::from_slice(&a.pd, &[7u8]).unwrap()).unwrap().wait_timeout(WAIT).unwrap();
+    assert_eq!(b.poller.wait_timeout(WAIT), 1);
+    assert!(one.is_done());
+    // A work request posted on the QP directly has no continuation: a stray.
+    let mr = b.pd.register(16, Access::LOCAL_WRITE).unwrap();
+    b.conn.qp().post_recv(softrdma::RecvWr { wr_id: 777, sg_list: vec![mr.sge(0, 16).unwrap()] }).unwrap();
+    a.conn.send(Buffer::from_slice(&a.pd, &[8u8]).unwrap()).unwrap().wait_timeout(WAIT).unwrap();
+    assert_eq!(b.poller.wait_timeout(Duration::from_millis(500)), 0, "a stray runs nothing");
+    assert_eq!(b.poller.strays(), 1);
+}
