@@ -101,6 +101,8 @@ pub(crate) struct UdpLink {
     groups: sys::Epoll,
     /// The device's interface index (for IPv6 group joins); 0 if unknown.
     ifindex: u32,
+    /// The group sockets readable in this receive call.
+    ready: Vec<RawFd>,
 }
 
 impl fmt::Debug for UdpLink {
@@ -128,6 +130,7 @@ impl UdpLink {
             gso: std::env::var_os("SOFTRDMA_NO_GSO").is_none(),
             groups: sys::Epoll::new()?,
             ifindex,
+            ready: Vec::new(),
         })
     }
 
@@ -143,7 +146,15 @@ impl Link for UdpLink {
 
     fn recv(&mut self, f: &mut dyn FnMut(&RecvMeta, &[u8])) -> Received {
         let mut got = Received::default();
-        for (socket, local) in &self.sockets {
+        // Group sockets are read only when the epoll set says they are readable: one
+        // system call for all of them, instead of one receive each on every pass.
+        if self.sockets.len() > 1 {
+            self.groups.ready(&mut self.ready);
+        }
+        for (k, (socket, local)) in self.sockets.iter().enumerate() {
+            if k > 0 && !self.ready.contains(&socket.as_raw_fd()) {
+                continue;
+            }
             let n = self.rx.recv(socket.as_raw_fd());
             got.datagrams += n;
             for i in 0..n {
