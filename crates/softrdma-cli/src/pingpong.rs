@@ -417,6 +417,12 @@ fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
     }
     run.drain_sends()?;
     let secs = start.elapsed().as_secs_f64();
+    if !ud {
+        // The peer may still be waiting for our ACK of its last message (lost on the way):
+        // stay a moment so that its resends are answered, instead of leaving it to fail
+        // with RETRY_EXC_ERR against a QP that is gone.
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // Wide enough for any -s and -n.
     let bytes = 2 * args.size as u128 * u128::from(args.iters);
     println!("{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec", bytes as f64 * 8.0 / secs / 1e6);
