@@ -339,7 +339,7 @@ impl Endpoint {
     /// posted receive, or drops it and counts it), but not for the QP that sent it.
     fn handle_mcast(&mut self, now: Duration, arrival: Arrival, pkt: &Packet<&[u8]>, mem: &mut dyn Memory) {
         let group = arrival.dst.ip();
-        let Some(members) = self.mcast.get(&group).filter(|_| group.is_multicast()).cloned() else {
+        let Some(members) = self.mcast.get(&group).filter(|_| group.is_multicast()) else {
             tracing::debug!(src = %arrival.src, %group, "dropped: multicast for a group no QP is attached to");
             self.stats.mcast_unattached += 1;
             return;
@@ -349,7 +349,7 @@ impl Endpoint {
             return;
         }
         let sender = pkt.deth().map(|d| d.src_qp().get());
-        for qpn in members {
+        for &qpn in members {
             if arrival.src.ip() == self.local.ip() && sender == Some(qpn) {
                 continue;
             }

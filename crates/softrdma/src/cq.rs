@@ -400,6 +400,19 @@ impl CompletionChannel {
 
     /// [`Self::get_event`], giving up after `timeout` (`Ok(None)`).
     pub fn get_event_timeout(&self, timeout: Duration) -> Result<Option<CompletionQueue>> {
+        self.wait_event(timeout, false)
+    }
+
+    /// [`Self::get_event_timeout`] for a thread that should do no packet work while it
+    /// waits: it sleeps on the channel alone and leaves arrivals to the device's progress
+    /// thread, as an application leaves them to a NIC. Its CPU time is then only its own
+    /// work (the tutorial's passive server shows 0 %), at the price of one more thread
+    /// hop per completion than `get_event_timeout`, which processes arrivals itself.
+    pub fn get_event_passive(&self, timeout: Duration) -> Result<Option<CompletionQueue>> {
+        self.wait_event(timeout, true)
+    }
+
+    fn wait_event(&self, timeout: Duration, passive: bool) -> Result<Option<CompletionQueue>> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             if let Some(cq) = self.try_get_event() {
@@ -408,6 +421,11 @@ impl CompletionChannel {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return Ok(None);
+            }
+            if passive {
+                self.ctx.engine.app_blocking();
+                sys::wait_readable_any(&[self.shared.efd.as_raw_fd()], Some(left))?;
+                continue;
             }
             // Wait on the device socket too: when a packet arrives, this thread processes it
             // itself, which saves the hop through the progress thread on the way to the
@@ -420,26 +438,6 @@ impl CompletionChannel {
                 self.ctx.engine.try_progress_quiet();
             }
             drop(watching);
-        }
-    }
-
-    /// [`Self::get_event_timeout`] for a thread that should do no packet work while it
-    /// waits: it sleeps on the channel alone and leaves arrivals to the device's progress
-    /// thread, as an application leaves them to a NIC. Its CPU time is then only its own
-    /// work (the tutorial's passive server shows 0 %), at the price of one more thread
-    /// hop per completion than `get_event_timeout`, which processes arrivals itself.
-    pub fn get_event_passive(&self, timeout: Duration) -> Result<Option<CompletionQueue>> {
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            if let Some(cq) = self.try_get_event() {
-                return Ok(Some(cq));
-            }
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
-            self.ctx.engine.app_blocking();
-            sys::wait_readable_any(&[self.shared.efd.as_raw_fd()], Some(left))?;
         }
     }
 

@@ -589,14 +589,7 @@ impl CmId {
             }
         };
         drop(st);
-        self.inner.chan().push(CmEvent {
-            kind,
-            id: self.clone(),
-            listen_id: None,
-            status,
-            param: ConnParam::default(),
-            ud,
-        });
+        self.post_ud(kind, status, ud);
         Ok(())
     }
 
@@ -696,13 +689,17 @@ impl CmId {
     }
 
     fn post(&self, kind: CmEventKind, status: i32) {
+        self.post_ud(kind, status, None);
+    }
+
+    fn post_ud(&self, kind: CmEventKind, status: i32, ud: Option<UdParam>) {
         self.inner.chan().push(CmEvent {
             kind,
             id: self.clone(),
             listen_id: None,
             status,
             param: ConnParam::default(),
-            ud: None,
+            ud,
         });
     }
 
