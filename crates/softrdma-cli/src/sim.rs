@@ -42,6 +42,10 @@ pub struct SimArgs {
     /// Path MTU: 256, 512, 1024, 2048 or 4096.
     #[arg(short = 'm', long, default_value_t = 1024, value_parser = mtu)]
     pub mtu: u32,
+    /// Recover from loss by go-back-N only, as towards Linux rxe (default: selective
+    /// recovery, as between softrdma peers).
+    #[arg(long)]
+    pub go_back_n: bool,
 }
 
 fn mtu(s: &str) -> Result<u32, String> {
@@ -83,7 +87,7 @@ pub fn run(args: &SimArgs) -> i32 {
         impairments: Impairments::from_percent(args.loss, args.dup, args.reorder, args.corrupt),
         depth: usize::from(args.depth),
         max_size: args.max_size as usize,
-        params: ConnectParams { mtu, ..ConnectParams::default() },
+        params: ConnectParams { mtu, selective: !args.go_back_n, ..ConnectParams::default() },
         time_limit: Duration::from_secs(24 * 3600),
     };
     let start = Instant::now();
@@ -95,8 +99,14 @@ pub fn run(args: &SimArgs) -> i32 {
     println!("network: {}", r.net);
     let q = r.requester;
     println!(
-        "requester: packets={} retransmits={} timeouts={} probes={} seq-naks={} rnr-naks={}",
-        q.packets_sent, q.retransmits, q.timeouts, q.probes, q.seq_naks_received, q.rnr_naks_received
+        "requester: packets={} retransmits={} timeouts={} probes={} seq-naks={} sacks={} rnr-naks={}",
+        q.packets_sent,
+        q.retransmits,
+        q.timeouts,
+        q.probes,
+        q.seq_naks_received,
+        q.sacks_received,
+        q.rnr_naks_received
     );
     println!(
         "ops={} completed={} data-errors={} status-errors={} bytes={} virtual-time={:.3}s wall={:.3}s",

@@ -377,8 +377,8 @@ const FIELDS: [&str; 12] = [
 const EXPERT_MESSAGE: &str = "_ws.expert.message";
 
 /// Opcodes tshark 4.0 does not know: it decodes their BTH, then shows the rest of the
-/// packet as unknown data, without ICRC.
-const UNKNOWN_TO_TSHARK_4_0: [u8; 3] = [0x1C, 0x1D, 0x81];
+/// packet as unknown data, without ICRC. 0xC0 is softrdma's vendor SACK.
+const UNKNOWN_TO_TSHARK_4_0: [u8; 4] = [0x1C, 0x1D, 0x81, 0xC0];
 
 /// Runs tshark's dissectors over `path` and returns, per frame, the [`FIELDS`] and the
 /// expert messages.

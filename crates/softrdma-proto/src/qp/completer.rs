@@ -15,14 +15,32 @@ impl QueuePair {
             return;
         }
         let psn = pkt.bth().psn();
+        let syndrome = pkt.aeth().map(|a| AethSyndrome::from_byte(a.syndrome_raw()));
+        let op = pkt.opcode().operation();
+        if op == Operation::Sack {
+            self.on_sack_packet(now, pkt, psn);
+            return;
+        }
+        if op == Operation::Acknowledge
+            && matches!(syndrome, Some(Ok(AethSyndrome::Ack { .. })))
+            && self.req.sack_peer
+            && !self.req.outstanding(psn)
+            && self.req.sent_after_rewind(psn)
+        {
+            // An ACK of PSNs the send position went back past (selective recovery):
+            // they count as held, so the resends skip them.
+            self.req.on_sack(now, psn + 1, 0);
+            let p = self.req.next_psn - 1;
+            self.on_ack(now, p);
+            return;
+        }
         // A response can only be for something sent and not yet acknowledged.
         if !self.req.outstanding(psn) {
             tracing::debug!(psn = psn.get(), "dropped: response for a PSN not outstanding");
             self.stats.dropped += 1;
             return;
         }
-        let syndrome = pkt.aeth().map(|a| AethSyndrome::from_byte(a.syndrome_raw()));
-        match pkt.opcode().operation() {
+        match op {
             Operation::Acknowledge => match syndrome {
                 Some(Ok(AethSyndrome::Ack { .. })) => {
                     self.on_ack(now, psn);
@@ -52,6 +70,9 @@ impl QueuePair {
                     if self.rnr_retry != 7 {
                         self.req.rnr_left -= 1;
                     }
+                    // The peer dropped the request it could not take; it may drop held ones
+                    // too: resend everything from there.
+                    self.req.restart_recovery(true);
                     self.go_back(psn);
                     self.req.ack_deadline = None;
                     self.req.rnr_until = Some(now + Duration::from_micros(u64::from(rnr_timer_us(timer))));
@@ -71,14 +92,26 @@ impl QueuePair {
             },
             Operation::AtomicAcknowledge => {
                 self.ack_before(psn);
-                let Some(w) = self.sq.front() else { return };
-                if !w.op.is_atomic() || w.first_psn != psn || w.npsn == 0 {
+                // The front atomic's answer, or a later one's while an earlier WQE waits
+                // (kept: the atomic is not asked for again).
+                let Some(k) = self.sent_wqe(|w| w.op.is_atomic() && w.first_psn == psn) else {
+                    self.stats.dropped += 1;
+                    return;
+                };
+                let w = &self.sq[k];
+                if w.answered {
                     self.stats.dropped += 1;
                     return;
                 }
                 let orig = pkt.atomic_ack_eth().map_or(0, |h| h.orig());
                 let sgl = w.sgl.clone();
-                if scatter(mem, self.cfg.pd, &sgl, 0, &orig.to_ne_bytes()).is_err() {
+                let placed = scatter(mem, self.cfg.pd, &sgl, 0, &orig.to_ne_bytes()).is_ok();
+                if k > 0 {
+                    // A failure shows when the atomic reaches the front and is asked again.
+                    self.sq[k].answered = placed;
+                    return;
+                }
+                if !placed {
                     self.fail_front(WcStatus::LocProtErr);
                     return;
                 }
@@ -90,13 +123,58 @@ impl QueuePair {
         }
     }
 
+    /// The first WQE sent at least once (so a go-back may have rewound past it) for which
+    /// `f` holds.
+    fn sent_wqe(&self, f: impl Fn(&super::SendWqe) -> bool) -> Option<usize> {
+        self.sq.iter().take_while(|w| w.npsn > 0).position(f)
+    }
+
+    /// A SACK (selective recovery, see `QueuePair::set_selective`): every PSN before
+    /// `first_missing` arrived, and the payload's bitmap says which after it did.
+    fn on_sack_packet(&mut self, now: Duration, pkt: &Packet<&[u8]>, first_missing: Psn) {
+        let valid = first_missing.distance(self.req.acked_psn) > 0
+            && (self.req.outstanding(first_missing) || self.req.sent_after_rewind(first_missing));
+        let Ok(bits) = <[u8; 16]>::try_from(pkt.payload()) else {
+            self.stats.dropped += 1;
+            return;
+        };
+        if !valid {
+            self.stats.dropped += 1;
+            return;
+        }
+        self.stats.sacks_received += 1;
+        // Everything before the first missing PSN arrived: a cumulative ACK, as far as the
+        // send position (a go-back may have rewound it: the bitmap keeps the rest).
+        let mut cum = first_missing - 1;
+        if !self.req.outstanding(cum) && cum.distance(self.req.acked_psn) > 0 {
+            cum = self.req.next_psn - 1;
+        }
+        let went_back = self.on_ack(now, cum);
+        let (news, lost) = self.req.on_sack(now, first_missing, u128::from_le_bytes(bits));
+        if news {
+            // The peer is receiving: the probe waits from now (what is lost is resent
+            // below, on the SACK's word).
+            self.req.probe_at = self.pto().map(|t| now + t);
+        }
+        if let (false, Some(lost)) = (went_back, lost) {
+            // Resend from the first lost PSN, unless the send position is before it.
+            if self.send_position().distance(lost) > 0 {
+                self.go_back(lost);
+            }
+        }
+    }
+
     /// Completes the SENDs and WRITEs that end before `psn`: a response for `psn` implies
     /// every earlier request was received.
     fn ack_before(&mut self, psn: Psn) {
         let mut any = false;
         while let Some(w) = self.sq.front() {
             let sent = self.req.send_idx > 0;
-            if !sent || w.npsn == 0 || w.op.is_read_or_atomic() || w.last_psn().distance(psn) >= 0 {
+            if !sent
+                || w.npsn == 0
+                || (w.op.is_read_or_atomic() && !w.answered)
+                || w.last_psn().distance(psn) >= 0
+            {
                 break;
             }
             self.req.acked_psn = w.last_psn();
@@ -120,6 +198,11 @@ impl QueuePair {
             if self.req.send_idx == 0 || w.npsn == 0 {
                 break;
             }
+            if w.answered {
+                self.req.acked_psn = w.last_psn();
+                self.complete_front(WcStatus::Success);
+                continue;
+            }
             if w.op.is_read_or_atomic() {
                 if p.distance(w.first_psn) >= 0 {
                     // The peer acknowledged past a READ or atomic we have no answer for.
@@ -127,7 +210,7 @@ impl QueuePair {
                     self.req.acked_psn = resume - 1;
                     if self.req.go_back_guard != Some(resume) {
                         self.req.go_back_guard = Some(resume);
-                        self.go_back(resume);
+                        self.go_back_resend(resume);
                     }
                     went_back = true;
                 }
@@ -157,7 +240,10 @@ impl QueuePair {
         // The probe's back-off holds until a fresh measurement (Karn): an ACK of packets
         // sent before a probe says nothing of how late the peer now is.
         self.grow_window();
-        let fresh = self.req.probe_mark.is_none_or(|m| self.req.acked_psn.distance(m) > 0);
+        // With selective recovery a probe resends one packet, not a window: its answer is
+        // the fresh news.
+        let fresh =
+            self.req.sack_peer || self.req.probe_mark.is_none_or(|m| self.req.acked_psn.distance(m) > 0);
         if self.sample_rtt(now) || fresh {
             self.req.probes = 0;
             self.req.probe_mark = None;
@@ -180,14 +266,21 @@ impl QueuePair {
         }
         self.ack_before(psn);
         let pmtu = self.mtu.bytes();
-        let Some(w) = self.sq.front() else { return };
-        if !matches!(w.op, SendOp::Read { .. }) || w.npsn == 0 || !w.contains(psn) || self.req.send_idx == 0 {
+        // The READ this response is for: the front WQE, or a later READ whose responses
+        // come while an earlier one waits for a lost response (kept, not asked for again).
+        let Some(k) = self.sent_wqe(|w| matches!(w.op, SendOp::Read { .. }) && w.contains(psn)) else {
+            self.stats.dropped += 1;
+            return;
+        };
+        let w = &self.sq[k];
+        if w.answered {
             self.stats.dropped += 1;
             return;
         }
         let expected = w.first_psn + w.read_done / pmtu;
         let d = psn.distance(expected);
-        if d < 0 {
+        if d < 0 || (d > 0 && k > 0) {
+            // A duplicate, or a gap in a later READ's responses (its turn comes at the front).
             self.stats.dropped += 1;
             return;
         }
@@ -195,7 +288,7 @@ impl QueuePair {
             // Responses were lost: ask again for the missing tail.
             if self.req.go_back_guard != Some(expected) {
                 self.req.go_back_guard = Some(expected);
-                self.go_back(expected);
+                self.go_back_resend(expected);
             }
             return;
         }
@@ -217,9 +310,13 @@ impl QueuePair {
             self.fail_front(WcStatus::LocProtErr);
             return;
         }
-        let w = &mut self.sq[0];
+        let w = &mut self.sq[k];
         w.read_done += len;
         let finished = w.read_done == w.len;
+        if k > 0 {
+            w.answered = finished;
+            return;
+        }
         self.req.acked_psn = psn;
         self.req.go_back_guard = None;
         if finished {

@@ -210,6 +210,12 @@ pub struct QpStats {
     pub rnr_naks_sent: u64,
     /// Sequence NAKs sent.
     pub seq_naks_sent: u64,
+    /// Requests that arrived ahead of a gap and were held for selective recovery.
+    pub held: u64,
+    /// SACKs sent.
+    pub sacks_sent: u64,
+    /// SACKs received.
+    pub sacks_received: u64,
 }
 
 struct SendWqe {
@@ -230,6 +236,9 @@ struct SendWqe {
     read_done: u32,
     /// Completed, waiting for the WQEs before it.
     done: Option<WcStatus>,
+    /// A READ whose every response arrived while a WQE before it was still incomplete:
+    /// it completes when it reaches the front, and is never requested again.
+    answered: bool,
 }
 
 impl SendWqe {
@@ -280,6 +289,8 @@ pub struct QueuePair {
     stats: QpStats,
     /// The peer is not softrdma (Linux rxe, a RoCE NIC): see [`Self::set_foreign_peer`].
     foreign_peer: bool,
+    /// Selective recovery as a responder: see [`Self::set_selective`].
+    selective: bool,
     /// While a multicast packet is handled: the group it was sent to (the destination in
     /// the receive buffer's GRH area).
     mcast_dst: Option<IpAddr>,
@@ -326,6 +337,7 @@ impl QueuePair {
             resp: responder::Responder::new(Psn::new(0)),
             stats: QpStats::default(),
             foreign_peer: false,
+            selective: false,
         }
     }
 
@@ -389,6 +401,29 @@ impl QueuePair {
     /// Whether the peer is foreign.
     pub fn foreign_peer(&self) -> bool {
         self.foreign_peer
+    }
+
+    /// Turns selective recovery on or off for this QP's responder (RC, softrdma peers).
+    ///
+    /// Go-back-N, what the IBTA specifies, throws away everything after a lost packet:
+    /// the responder NAKs the gap and drops what follows, and the requester sends it all
+    /// again. With selective recovery the responder instead holds requests that arrive
+    /// ahead of a gap (up to the requester's window of 128 PSNs, as copies of the packets),
+    /// answers with a SACK (vendor opcode 0xC0, see [`crate::wire::Operation::Sack`])
+    /// saying what it holds, and executes the held requests in PSN order once the gap is
+    /// filled, so that execution, completions and every check stay exactly as in order.
+    /// The requester resends only what a SACK shows missing, or after a probe timeout
+    /// what no SACK covered. Every softrdma requester understands SACKs; a responder sends
+    /// them only when this is on and the peer is not foreign (Linux rxe and NICs know no
+    /// vendor opcode: towards them the wire stays go-back-N). Off by default in this
+    /// crate; the runtime turns it on for softrdma peers.
+    pub fn set_selective(&mut self, on: bool) {
+        self.selective = on;
+    }
+
+    /// Whether the responder holds early requests and sends SACKs.
+    fn sends_sacks(&self) -> bool {
+        self.selective && !self.foreign_peer && self.cfg.qp_type == QpType::Rc
     }
 
     /// Changes state and attributes, as `ibv_modify_qp`. On error nothing changes.
@@ -581,6 +616,7 @@ impl QueuePair {
             npsn: 0,
             read_done: 0,
             done: None,
+            answered: false,
         };
         if self.state == QpState::Error {
             self.send_cq.push_back(self.flush_wc(wqe.wr_id, wqe.op.wc_opcode()));
@@ -730,7 +766,8 @@ impl QueuePair {
     /// `None` if a limit holds them back).
     pub fn wants_transmit(&self) -> bool {
         self.resp.has_tx()
-            || (self.req.send_idx < self.sq.len() && matches!(self.state, QpState::Rts | QpState::Sqd))
+            || ((self.req.send_idx < self.sq.len() || self.req.pending_back.is_some())
+                && matches!(self.state, QpState::Rts | QpState::Sqd))
     }
 
     fn flush_wc(&self, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
@@ -773,6 +810,7 @@ impl QueuePair {
             self.recv_cq.push_back(self.flush_wc(r.wr_id, WcOpcode::Recv));
         }
         self.req.send_idx = 0;
+        self.req.pending_back = None;
         self.req.ack_deadline = None;
         self.req.rnr_until = None;
         self.req.probe_at = None;

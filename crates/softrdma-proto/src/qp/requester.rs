@@ -76,7 +76,26 @@ pub(super) struct Requester {
     /// packet of the resent window that gets through shows up as progress at once.
     pub(super) ack_every: bool,
     /// Highest PSN ever sent, to count retransmissions.
-    max_sent: Psn,
+    pub(super) max_sent: Psn,
+    /// Selective recovery (see `QueuePair::set_selective`): the peer has sent a SACK, so
+    /// resends skip what it holds.
+    pub(super) sack_peer: bool,
+    /// PSNs the peer's SACKs say it holds, and PSNs resent since the last probe, as
+    /// bitmaps from `sack_base` (kept at the first unacknowledged PSN by `sync_sack`).
+    sacked: u128,
+    rexmitted: u128,
+    sack_base: Psn,
+    /// Unacknowledged PSNs up to this one that no SACK covers are lost; later ones may
+    /// still be on their way.
+    lost_limit: Psn,
+    /// A READ or atomic request to send again although the peer received it (its answer
+    /// was lost): never skipped, until sent.
+    reread: Option<Psn>,
+    /// When the last PSN was resent on a SACK's word: a SACK a round trip later that
+    /// still shows it missing means the resend was lost too.
+    rexmit_at: Option<Duration>,
+    /// Where to go back to before sending next (see `QueuePair::go_back`).
+    pub(super) pending_back: Option<Psn>,
 }
 
 impl Requester {
@@ -109,13 +128,159 @@ impl Requester {
             since_ack_req: 0,
             ack_every: false,
             max_sent: sq_psn - 1,
+            sack_peer: false,
+            sacked: 0,
+            rexmitted: 0,
+            sack_base: sq_psn,
+            lost_limit: sq_psn - 1,
+            reread: None,
+            rexmit_at: None,
+            pending_back: None,
         }
+    }
+
+    /// Feeds one round-trip measurement to the estimator (RFC 6298).
+    fn rtt_sample(&mut self, r: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
+            }
+            Some(s) => {
+                let diff = s.abs_diff(r);
+                self.rttvar = self.rttvar * 3 / 4 + diff / 4;
+                self.srtt = Some(s * 7 / 8 + r / 8);
+            }
+        }
+    }
+
+    /// Moves the SACK bitmaps' base to the first unacknowledged PSN.
+    fn sync_sack(&mut self) {
+        let base = self.acked_psn + 1;
+        let d = base.distance(self.sack_base);
+        if d == 0 {
+            return;
+        }
+        if (1..128).contains(&d) {
+            self.sacked >>= d;
+            self.rexmitted >>= d;
+        } else {
+            self.sacked = 0;
+            self.rexmitted = 0;
+        }
+        self.sack_base = base;
+    }
+
+    /// The bitmaps' bit for `psn`, if it is within them.
+    fn sack_bit(&mut self, psn: Psn) -> Option<u128> {
+        self.sync_sack();
+        let k = psn.distance(self.sack_base);
+        (0..128).contains(&k).then(|| 1u128 << k)
+    }
+
+    /// Whether resending `psn` can be skipped: the peer holds it (or, for a READ, held
+    /// its request), it was resent since the last probe, or it is not known lost.
+    fn skips(&mut self, psn: Psn) -> bool {
+        if self.reread == Some(psn) {
+            return false;
+        }
+        let Some(bit) = self.sack_bit(psn) else { return false };
+        psn.distance(self.lost_limit) > 0 || (self.rexmitted | self.sacked) & bit != 0
+    }
+
+    /// Records a SACK: `bits` after the cumulative acknowledgement. Returns whether it
+    /// told of PSNs not known to be held before, and the first PSN now known lost and not
+    /// yet resent, if any.
+    pub(super) fn on_sack(&mut self, now: Duration, first_missing: Psn, bits: u128) -> (bool, Option<Psn>) {
+        self.sack_peer = true;
+        self.sync_sack();
+        let rtt = self.srtt.unwrap_or(Duration::from_micros(50));
+        if self.rexmit_at.is_some_and(|t| now > t + rtt + rtt / 4) {
+            // Resends a round trip old that are still missing were lost: send them again.
+            self.rexmitted = 0;
+            self.rexmit_at = None;
+        }
+        // Everything before the first missing PSN arrived, also what the cumulative
+        // acknowledgement could not cover (PSNs after a READ still being answered).
+        let before = first_missing.distance(self.sack_base).clamp(0, 128) as u32;
+        if before > 0 {
+            self.sacked |= u128::MAX >> (128 - before);
+        }
+        let mut held = [Psn::new(0); 3];
+        let mut count = 0usize;
+        let mut news = false;
+        let mut rest = bits;
+        while rest != 0 {
+            let i = rest.trailing_zeros();
+            rest &= rest - 1;
+            let psn = first_missing + (i + 1);
+            if psn.distance(self.max_sent) > 0 {
+                break;
+            }
+            if let Some(bit) = self.sack_bit(psn) {
+                news |= self.sacked & bit == 0;
+                self.sacked |= bit;
+                held[count % 3] = psn;
+                count += 1;
+            }
+        }
+        // The timed PSN held by the peer measures the round trip, which its cumulative ACK,
+        // delayed behind the gap, would not.
+        if let Some((psn, sent)) = self.timed {
+            if self.sack_bit(psn).is_some_and(|bit| self.sacked & bit != 0) {
+                self.timed = None;
+                self.rtt_sample(now.saturating_sub(sent));
+            }
+        }
+        if count == 0 {
+            return (news, None);
+        }
+        // A PSN is lost once three later ones are held (reordering tolerated up to
+        // that), or when the highest PSN sent is held and nothing more will tell.
+        let highest = held[(count - 1) % 3];
+        let limit = if count >= 3 {
+            held[count % 3]
+        } else if highest == self.max_sent {
+            highest
+        } else {
+            return (news, None);
+        };
+        if limit.distance(self.lost_limit) > 0 {
+            self.lost_limit = limit;
+        }
+        let mut psn = self.acked_psn + 1;
+        while psn.distance(self.lost_limit) < 0 {
+            let Some(bit) = self.sack_bit(psn) else { break };
+            if (self.sacked | self.rexmitted) & bit == 0 {
+                return (news, Some(psn));
+            }
+            psn = psn + 1;
+        }
+        (news, None)
+    }
+
+    /// Forgets what was resent (a probe or timeout resends everything no SACK covers),
+    /// and with `sacked` what the peer held (an RNR NAK: it dropped the packet it could
+    /// not take).
+    pub(super) fn restart_recovery(&mut self, sacked: bool) {
+        self.rexmitted = 0;
+        self.rexmit_at = None;
+        if sacked {
+            self.sacked = 0;
+        }
+        self.lost_limit = self.max_sent;
     }
 
     /// Whether `psn` was sent and is not yet acknowledged: the only PSNs a response (ACK,
     /// NAK, READ response, atomic ACK) may carry.
     pub(super) fn outstanding(&self, psn: Psn) -> bool {
         psn.distance(self.next_psn - 1) <= 0 && psn.distance(self.acked_psn) > 0
+    }
+
+    /// Whether `psn` was sent, but lies at or after the send position, which a go-back
+    /// moved back.
+    pub(super) fn sent_after_rewind(&self, psn: Psn) -> bool {
+        psn.distance(self.max_sent) <= 0 && psn.distance(self.next_psn) >= 0
     }
 
     /// PSNs sent and not acknowledged.
@@ -148,10 +313,12 @@ impl QueuePair {
     /// as IBTA 9.7.5.1 says).
     pub(super) fn pto(&self) -> Option<Duration> {
         let cap = self.ack_timeout()? / 2;
+        // A peer sending SACKs reports every arrival past a gap, so the interval between
+        // ACKs that move the cumulative point (long while a gap is repaired) says nothing
+        // of how late the peer is.
+        let ack_gap = if self.req.sack_peer { Duration::ZERO } else { 2 * self.req.ack_gap };
         let base = match self.req.srtt {
-            Some(srtt) => {
-                (srtt + 4 * self.req.rttvar).max(2 * self.req.ack_gap).max(Duration::from_micros(50))
-            }
+            Some(srtt) => (srtt + 4 * self.req.rttvar).max(ack_gap).max(Duration::from_micros(50)),
             None => cap,
         };
         Some(base.saturating_mul(1u32 << self.req.probes.min(16)).min(cap))
@@ -206,18 +373,7 @@ impl QueuePair {
             return false;
         }
         self.req.timed = None;
-        let r = now.saturating_sub(sent);
-        match self.req.srtt {
-            None => {
-                self.req.srtt = Some(r);
-                self.req.rttvar = r / 2;
-            }
-            Some(s) => {
-                let diff = s.abs_diff(r);
-                self.req.rttvar = self.req.rttvar * 3 / 4 + diff / 4;
-                self.req.srtt = Some(s * 7 / 8 + r / 8);
-            }
-        }
+        self.req.rtt_sample(now.saturating_sub(sent));
         true
     }
 
@@ -234,6 +390,13 @@ impl QueuePair {
             return None;
         }
         let rc = self.cfg.qp_type == QpType::Rc;
+        if let Some(psn) = self.req.pending_back.take() {
+            let psn = if psn.distance(self.req.acked_psn) > 0 { psn } else { self.req.acked_psn + 1 };
+            self.rewind(psn);
+        }
+        if rc {
+            self.skip_unneeded();
+        }
         let i = self.req.send_idx;
         let w = self.sq.get(i)?;
         // The congestion window holds back fresh PSNs only: a go-back resends up to the
@@ -401,12 +564,48 @@ impl QueuePair {
         Some(tx)
     }
 
-    fn after_send(&mut self, now: Duration, i: usize, psn: Psn, payload_len: u32, last: bool, ack_req: bool) {
-        self.stats.packets_sent += 1;
-        let resent = psn.distance(self.req.max_sent) <= 0;
-        if resent {
-            self.stats.retransmits += 1;
+    /// The PSN, payload length and last-ness of WQE `i`'s packet at the send offset.
+    fn packet_at(&self, i: usize) -> (Psn, u32, bool) {
+        let w = &self.sq[i];
+        let off = self.req.send_offset;
+        let pmtu = self.mtu.bytes();
+        match w.op {
+            SendOp::Read { .. } => (w.first_psn + off / pmtu, 0, true),
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => (w.first_psn, 0, true),
+            _ => {
+                let plen = (w.len - off).min(pmtu);
+                (w.first_psn + off / pmtu, plen, off + plen == w.len)
+            }
         }
+    }
+
+    /// Passes over resends the peer does not need: READs already answered and, with
+    /// selective recovery, packets the peer holds, ones resent since the last probe, and
+    /// ones not known lost.
+    fn skip_unneeded(&mut self) {
+        while let Some(w) = self.sq.get(self.req.send_idx) {
+            if w.npsn == 0 || w.done.is_some() {
+                return;
+            }
+            let (psn, plen, last) = self.packet_at(self.req.send_idx);
+            if psn.distance(self.req.max_sent) > 0 || psn != self.req.next_psn {
+                return;
+            }
+            if !w.answered && !(self.req.sack_peer && self.req.skips(psn)) {
+                return;
+            }
+            if !self.req.started {
+                if w.op.is_read_or_atomic() {
+                    self.req.rd_outstanding += 1;
+                }
+                self.req.started = true;
+            }
+            self.advance_send(self.req.send_idx, psn, plen, last);
+        }
+    }
+
+    /// Moves the send position past WQE `i`'s packet at `psn`; returns its PSN range's end.
+    fn advance_send(&mut self, i: usize, psn: Psn, payload_len: u32, last: bool) -> Psn {
         let w = &self.sq[i];
         let end_psn = match w.op {
             SendOp::Read { .. } => w.first_psn + w.npsn,
@@ -416,13 +615,36 @@ impl QueuePair {
             self.req.max_sent = end_psn - 1;
         }
         self.req.next_psn = end_psn;
-        self.req.since_ack_req = if ack_req { 0 } else { self.req.since_ack_req + 1 };
         self.req.send_offset += payload_len;
         if last {
             self.req.send_idx += 1;
             self.req.send_offset = 0;
             self.req.started = false;
         }
+        end_psn
+    }
+
+    fn after_send(&mut self, now: Duration, i: usize, psn: Psn, payload_len: u32, last: bool, ack_req: bool) {
+        self.stats.packets_sent += 1;
+        let resent = psn.distance(self.req.max_sent) <= 0;
+        if resent {
+            self.stats.retransmits += 1;
+            // Karn: the timed PSN sent again would no longer measure one round trip.
+            if self.req.timed.is_some_and(|(t, _)| t == psn) {
+                self.req.timed = None;
+            }
+            if self.req.reread == Some(psn) {
+                self.req.reread = None;
+            }
+            if self.req.sack_peer {
+                if let Some(bit) = self.req.sack_bit(psn) {
+                    self.req.rexmitted |= bit;
+                    self.req.rexmit_at = Some(now);
+                }
+            }
+        }
+        let end_psn = self.advance_send(i, psn, payload_len, last);
+        self.req.since_ack_req = if ack_req { 0 } else { self.req.since_ack_req + 1 };
         match self.cfg.qp_type {
             QpType::Rc => {
                 if self.req.ack_deadline.is_none() {
@@ -450,8 +672,26 @@ impl QueuePair {
     }
 
     /// Goes back to the WQE holding `psn` (or the first unfinished one after it) and
-    /// resends from there.
+    /// resends from there, when it next sends: the responses still to be handled before
+    /// then (the rest of a received batch) are judged against what was sent, not against
+    /// a send position already moved back.
     pub(super) fn go_back(&mut self, psn: Psn) {
+        let earlier = self.req.pending_back.is_none_or(|p| psn.distance(p) < 0);
+        if earlier {
+            self.req.pending_back = Some(psn);
+        }
+    }
+
+    /// Where the next packet sent will be: the send position after any pending go-back.
+    pub(super) fn send_position(&self) -> Psn {
+        match self.req.pending_back {
+            Some(p) if p.distance(self.req.next_psn) < 0 => p,
+            _ => self.req.next_psn,
+        }
+    }
+
+    /// Moves the send position back to `psn` now (see `go_back`).
+    fn rewind(&mut self, psn: Psn) {
         let end = if self.req.started { self.req.send_idx + 1 } else { self.req.send_idx };
         let end = end.min(self.sq.len());
         let Some(idx) = (0..end).find(|&k| {
@@ -474,8 +714,19 @@ impl QueuePair {
         self.req.next_psn = resume_psn;
         self.req.rd_outstanding =
             self.sq.iter().take(idx).filter(|w| w.op.is_read_or_atomic() && w.done.is_none()).count() as u32;
-        // The timed PSN may be sent again: its ACK would no longer measure one round trip.
-        self.req.timed = None;
+    }
+
+    /// Goes back to resend `psn` (a READ's missing responses, or a NAK's PSN), which
+    /// selective recovery must not skip.
+    pub(super) fn go_back_resend(&mut self, psn: Psn) {
+        // (Also before the first SACK: one may come before the resend goes.)
+        self.req.reread = Some(psn);
+        if self.req.sack_peer {
+            if psn.distance(self.req.lost_limit) > 0 {
+                self.req.lost_limit = psn;
+            }
+        }
+        self.go_back(psn);
     }
 
     pub(super) fn requester_timeout(&mut self, now: Duration) {
@@ -505,7 +756,10 @@ impl QueuePair {
         self.req.retry_left -= 1;
         self.req.go_back_guard = None;
         self.req.ack_every = true;
-        self.go_back(self.req.acked_psn + 1);
+        self.req.restart_recovery(false);
+        self.req.pending_back = None;
+        self.rewind(self.req.acked_psn + 1);
+        self.req.reread = Some(self.req.next_psn);
         self.rearm_ack_timer(now);
         self.req.probes += 1;
         self.req.probe_at = self.pto().map(|t| now + t);
@@ -527,7 +781,12 @@ impl QueuePair {
                 self.stats.probes += 1;
                 self.req.go_back_guard = None;
                 self.req.ack_every = true;
-                self.go_back(self.req.acked_psn + 1);
+                self.req.restart_recovery(false);
+                self.req.pending_back = None;
+                self.rewind(self.req.acked_psn + 1);
+                // The first packet goes again even if the peer holds it: its answer is
+                // the news that was missing (the last ACK may be what was lost).
+                self.req.reread = Some(self.req.next_psn);
                 self.req.probes += 1;
                 self.req.probe_mark = Some(self.req.max_sent);
                 self.req.probe_at = self.pto().map(|t| now + t);
@@ -538,6 +797,24 @@ impl QueuePair {
     /// Completes the WQE at the front of the SQ with `status` and pops it, with a
     /// completion if it is signaled or failed.
     pub(super) fn complete_front(&mut self, status: super::WcStatus) {
+        self.pop_front_wqe(status);
+        if status == WcStatus::Success {
+            // READs answered while waiting behind this one complete now, in order.
+            while self.sq.front().is_some_and(|w| w.answered) && self.req.send_idx > 0 {
+                self.req.acked_psn = self.sq[0].last_psn();
+                self.pop_front_wqe(WcStatus::Success);
+            }
+            // A READ now at the front may have responses already, taken while it waited.
+            if let Some(w) = self.sq.front().filter(|w| w.read_done > 0 && self.req.send_idx > 0) {
+                let got = w.first_psn + (w.read_done / self.mtu.bytes() - 1);
+                if got.distance(self.req.acked_psn) > 0 {
+                    self.req.acked_psn = got;
+                }
+            }
+        }
+    }
+
+    fn pop_front_wqe(&mut self, status: super::WcStatus) {
         let Some(w) = self.sq.pop_front() else { return };
         self.req.send_idx = self.req.send_idx.saturating_sub(1);
         if w.op.is_read_or_atomic() {

@@ -52,6 +52,22 @@ enum Answer {
     },
     /// A congestion notification (RoCEv2 CNP) for the requester.
     Cnp,
+    /// A selective acknowledgement (softrdma peers only): the first missing PSN and what is
+    /// held after it, as they stand when it is sent.
+    Sack,
+}
+
+/// Out-of-order request packets a responder holds at most (the requester's window).
+const HOLD_WINDOW: u32 = super::MAX_INFLIGHT_PSNS;
+
+/// A request packet that arrived ahead of a gap and waits for it to be filled (selective
+/// recovery): executed, in PSN order, once every PSN before it has been.
+struct Held {
+    psn: Psn,
+    /// PSNs it stands for: 1, or a READ request's response PSNs.
+    span: u32,
+    bytes: Vec<u8>,
+    src: SocketAddr,
 }
 
 /// CNPs a QP sends at most one of per interval (DCQCN's notification point rate).
@@ -67,6 +83,10 @@ pub(super) struct Responder {
     tx: VecDeque<Answer>,
     /// When the last CNP was queued.
     last_cnp: Option<Duration>,
+    /// Packets held ahead of a gap, by PSN modulo HOLD_WINDOW (allocated on the first
+    /// gap), and how many.
+    held: Vec<Option<Held>>,
+    held_count: usize,
 }
 
 impl Responder {
@@ -85,6 +105,8 @@ impl Responder {
             resources: VecDeque::new(),
             tx: VecDeque::new(),
             last_cnp: None,
+            held: Vec::new(),
+            held_count: 0,
         }
     }
 
@@ -92,18 +114,110 @@ impl Responder {
         !self.tx.is_empty()
     }
 
-    /// Forgets a half-received message (the QP failed).
+    /// Forgets a half-received message and every held packet (the QP failed).
     pub(super) fn abandon_message(&mut self) {
         self.cur = Current::None;
+        self.held.clear();
+        self.held_count = 0;
     }
 
     fn queue_ack(&mut self, psn: Psn) {
-        // Coalesce: a later ACK covers every earlier one.
-        if let Some(Answer::Ack { psn: p, syndrome: AethSyndrome::Ack { .. } }) = self.tx.back_mut() {
-            *p = psn;
+        if self.held_count > 0 {
+            // With a gap open, every acknowledgement says what is held beyond it.
+            self.queue_sack();
             return;
         }
+        // Coalesce: a later ACK covers every earlier one (and a SACK whose gap is filled).
+        match self.tx.back_mut() {
+            Some(Answer::Ack { psn: p, syndrome: AethSyndrome::Ack { .. } }) => {
+                *p = psn;
+                return;
+            }
+            Some(a @ Answer::Sack) => {
+                *a = Answer::Ack { psn, syndrome: AethSyndrome::ACK };
+                return;
+            }
+            _ => {}
+        }
         self.tx.push_back(Answer::Ack { psn, syndrome: AethSyndrome::ACK });
+    }
+
+    /// Queues a SACK unless the last answer queued is one (or a positive ACK, which it
+    /// replaces): a SACK is built when sent, from the state then.
+    fn queue_sack(&mut self) {
+        match self.tx.back_mut() {
+            Some(Answer::Sack) => {}
+            Some(a @ Answer::Ack { syndrome: AethSyndrome::Ack { .. }, .. }) => *a = Answer::Sack,
+            _ => self.tx.push_back(Answer::Sack),
+        }
+    }
+
+    /// Holds a request `d` PSNs ahead of the expected one. Returns false if it was held
+    /// already (a duplicate).
+    fn hold(&mut self, pkt: &Packet<&[u8]>, src: SocketAddr, span: u32) -> bool {
+        if self.held.is_empty() {
+            self.held.resize_with(HOLD_WINDOW as usize, || None);
+        }
+        let psn = pkt.bth().psn();
+        let slot = &mut self.held[(psn.get() % HOLD_WINDOW) as usize];
+        if slot.as_ref().is_some_and(|h| h.psn == psn) {
+            return false;
+        }
+        if slot.is_none() {
+            self.held_count += 1;
+        }
+        *slot = Some(Held { psn, span, bytes: pkt.as_bytes().to_vec(), src });
+        true
+    }
+
+    /// Takes the held packet with the expected PSN, if there is one.
+    fn take_next(&mut self) -> Option<Held> {
+        if self.held_count == 0 {
+            return None;
+        }
+        let slot = &mut self.held[(self.epsn.get() % HOLD_WINDOW) as usize];
+        if slot.as_ref().is_some_and(|h| h.psn == self.epsn) {
+            self.held_count -= 1;
+            return slot.take();
+        }
+        None
+    }
+
+    /// Drops held packets the expected PSN has passed (a READ executed in order covered
+    /// their PSNs: only a broken requester sends those).
+    fn drop_passed(&mut self) {
+        if self.held_count == 0 {
+            return;
+        }
+        let epsn = self.epsn;
+        for slot in &mut self.held {
+            if slot.as_ref().is_some_and(|h| h.psn.distance(epsn) < 0) {
+                *slot = None;
+                self.held_count -= 1;
+            }
+        }
+    }
+
+    /// The SACK bitmap: bit `i` for PSN `epsn + 1 + i` held (a held READ request covers
+    /// its response PSNs too).
+    fn sack_bitmap(&self) -> u128 {
+        let mut bits = 0u128;
+        if self.held_count == 0 {
+            return 0;
+        }
+        let mut i = 0u32;
+        while i < HOLD_WINDOW {
+            let psn = self.epsn + (i + 1);
+            match &self.held[(psn.get() % HOLD_WINDOW) as usize] {
+                Some(h) if h.psn == psn => {
+                    let n = h.span.clamp(1, HOLD_WINDOW - i);
+                    bits |= (u128::MAX >> (128 - n)) << i;
+                    i += n;
+                }
+                _ => i += 1,
+            }
+        }
+        bits
     }
 
     fn remember(&mut self, r: Resource, depth: u8) {
@@ -167,6 +281,33 @@ impl QueuePair {
     ) {
         let psn = pkt.bth().psn();
         let d = psn.distance(self.resp.epsn);
+        if d > 0 && self.sends_sacks() {
+            // Selective recovery: keep what arrived ahead of the gap, say so, and execute
+            // it once the gap is filled.
+            if d >= HOLD_WINDOW as i32 {
+                self.stats.dropped += 1;
+                return;
+            }
+            let span = match (Kind::of(pkt.opcode().operation()), pkt.reth()) {
+                (Kind::Read, Some(reth)) => {
+                    u64::from(reth.dma_len()).div_ceil(u64::from(self.mtu.bytes())).max(1) as u32
+                }
+                _ => 1,
+            };
+            let new_gap = self.resp.held_count == 0;
+            if !self.resp.hold(pkt, src, span) {
+                self.stats.duplicates += 1;
+            } else if new_gap {
+                tracing::debug!(
+                    psn = psn.get(),
+                    expected = self.resp.epsn.get(),
+                    "PSN ahead: held, SACK sent"
+                );
+            }
+            self.stats.held += 1;
+            self.resp.queue_sack();
+            return;
+        }
         if d > 0 {
             if !self.resp.nak_sent {
                 tracing::debug!(
@@ -189,15 +330,54 @@ impl QueuePair {
             self.duplicate(pkt, mem);
             return;
         }
+        if !self.execute_in_order(src, pkt, mem, srq) {
+            return;
+        }
+        // Packets held behind the gap this one filled (selective recovery), in order.
+        let mut any = false;
+        while let Some(h) = self.resp.take_next() {
+            let Ok(p) = Packet::new_checked(&h.bytes[..]) else { continue };
+            any = true;
+            if !self.execute_in_order(h.src, &p, mem, srq) {
+                return;
+            }
+        }
+        if any {
+            self.resp.drop_passed();
+        }
+        if any || self.resp.held_count > 0 {
+            // Tell the requester at once what the gap's filling changed.
+            let last = self.resp.epsn - 1;
+            self.resp.queue_ack(last);
+        }
+    }
+
+    /// Executes the request with the expected PSN and queues what answers a failure.
+    /// Returns whether it was executed.
+    fn execute_in_order(
+        &mut self,
+        src: SocketAddr,
+        pkt: &Packet<&[u8]>,
+        mem: &mut dyn Memory,
+        srq: RecvSource<'_, '_>,
+    ) -> bool {
+        let psn = pkt.bth().psn();
         match self.execute(src, pkt, mem, srq) {
-            Ok(()) => self.resp.nak_sent = false,
+            Ok(()) => {
+                self.resp.nak_sent = false;
+                true
+            }
             Err(Fault::Rnr) => {
                 tracing::debug!(psn = psn.get(), "no receive posted: RNR NAK sent");
                 self.stats.rnr_naks_sent += 1;
                 let syndrome = AethSyndrome::RnrNak { timer: self.min_rnr_timer };
                 self.resp.tx.push_back(Answer::Ack { psn, syndrome });
+                false
             }
-            Err(Fault::Fatal(code)) => self.responder_fatal(psn, code),
+            Err(Fault::Fatal(code)) => {
+                self.responder_fatal(psn, code);
+                false
+            }
         }
     }
 
@@ -550,6 +730,20 @@ impl QueuePair {
                 let mut r = PacketRepr::new(BthRepr::new(rc(Operation::Acknowledge)?, dest_qp, psn), 0);
                 r.ext.aeth = Some(AethRepr { syndrome, msn });
                 (r, Vec::new(), true)
+            }
+            Answer::Sack => {
+                self.resp.tx.pop_front();
+                let bits = self.resp.sack_bitmap();
+                if bits == 0 {
+                    // The gap was filled since: a plain ACK says it all.
+                    let psn = self.resp.epsn - 1;
+                    self.resp.tx.push_front(Answer::Ack { psn, syndrome: AethSyndrome::ACK });
+                    return self.next_response(buf, mem);
+                }
+                self.stats.sacks_sent += 1;
+                let repr = PacketRepr::new(BthRepr::new(Opcode::new(0xC0)?, dest_qp, self.resp.epsn), 16);
+                let head_len = Self::emit_head(&repr, buf, &bits.to_le_bytes())?;
+                return self.finish_packet(dst, &buf[..head_len], Vec::new(), 0, mem).ok();
             }
             Answer::Cnp => {
                 let mut bth = BthRepr::new(Opcode::new(0x81)?, dest_qp, Psn::new(0));

@@ -51,6 +51,8 @@ pub struct ConnectParams {
     pub rd_atomic: u8,
     /// Remote access both QPs allow.
     pub access: Access,
+    /// Selective recovery (both sides are softrdma); off: go-back-N, as towards rxe.
+    pub selective: bool,
 }
 
 impl Default for ConnectParams {
@@ -63,6 +65,7 @@ impl Default for ConnectParams {
             min_rnr_timer: 1,
             rd_atomic: 16,
             access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            selective: true,
         }
     }
 }
@@ -200,6 +203,7 @@ impl Sim {
         {
             let rc = qp_type == QpType::Rc;
             let qp = self.nodes[node].endpoint.qp_mut(qpn).expect("just created");
+            qp.set_selective(p.selective);
             let steps = [
                 QpAttr {
                     state: Some(QpState::Init),

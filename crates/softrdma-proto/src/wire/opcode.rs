@@ -3,8 +3,10 @@
 //! An opcode is a transport base (RC 0x00, UC 0x20, UD 0x60, CNP 0x80) plus an operation.
 //! The table says which extension headers follow the BTH, in which order, whether payload
 //! may follow, and where the packet sits in its message. RD (0x40) and XRC (0xA0) are not
-//! implemented by softrdma or rxe; their opcodes, like reserved and vendor ones, are
-//! unknown to [`Opcode::new`].
+//! implemented by softrdma or rxe; their opcodes, like reserved ones, are unknown to
+//! [`Opcode::new`]. One vendor opcode (IBTA 9.2: 0xC0-0xFF are manufacturer specific) is
+//! softrdma's own: 0xC0, the selective acknowledgement of an RC responder (see
+//! [`Operation::Sack`]), sent only to peers known to be softrdma.
 
 use core::fmt;
 
@@ -66,6 +68,12 @@ pub enum Operation {
     AtomicWrite,
     /// The congestion notification packet, the only CNP operation.
     Cnp,
+    /// softrdma's selective acknowledgement (vendor opcode 0xC0, RC): the BTH's PSN is the
+    /// first PSN the responder is missing (every earlier one was received), and the 16-byte
+    /// payload is a little-endian bitmap of the 128 PSNs after it, bit `i` set when PSN
+    /// `psn + 1 + i` was received and is held for execution. Sent only between softrdma
+    /// peers (see `QueuePair::set_selective`); never to Linux rxe or a NIC.
+    Sack,
 }
 
 /// One extension header that can follow the BTH.
@@ -300,6 +308,7 @@ const UD_SEND_ONLY: Option<Entry> = e(O::SendOnly, "SEND_ONLY", &[H::Deth], P::U
 const UD_SEND_ONLY_IMM: Option<Entry> =
     e(O::SendOnlyWithImmediate, "SEND_ONLY_WITH_IMMEDIATE", &[H::Deth, H::ImmDt], P::UpToMtu, Pos::Only);
 const CNP: Option<Entry> = e(O::Cnp, "CNP", &[H::CnpReserved], P::None, Pos::Only);
+const SACK: Option<Entry> = e(O::Sack, "SOFTRDMA_SACK", &[], P::Exactly(16), Pos::Only);
 
 const fn lookup(code: u8) -> &'static Option<Entry> {
     match code {
@@ -308,6 +317,7 @@ const fn lookup(code: u8) -> &'static Option<Entry> {
         0x64 => &UD_SEND_ONLY,
         0x65 => &UD_SEND_ONLY_IMM,
         0x81 => &CNP,
+        0xC0 => &SACK,
         _ => &None,
     }
 }
@@ -346,6 +356,8 @@ impl Opcode {
             0x00..=0x1F => Transport::Rc,
             0x20..=0x3F => Transport::Uc,
             0x60..=0x7F => Transport::Ud,
+            // softrdma's selective acknowledgement answers RC requests.
+            0xC0 => Transport::Rc,
             _ => Transport::Cnp,
         }
     }
@@ -391,6 +403,7 @@ impl Opcode {
                 | O::Acknowledge
                 | O::AtomicAcknowledge
                 | O::Cnp
+                | O::Sack
         )
     }
 
@@ -441,7 +454,7 @@ mod tests {
         let uc = Opcode::all().filter(|o| o.transport() == Transport::Uc).count();
         let ud = Opcode::all().filter(|o| o.transport() == Transport::Ud).count();
         let cnp = Opcode::all().filter(|o| o.transport() == Transport::Cnp).count();
-        assert_eq!((rc, uc, ud, cnp), (25, 12, 2, 1));
+        assert_eq!((rc, uc, ud, cnp), (26, 12, 2, 1));
         for bad in [0x15, 0x18, 0x1B, 0x1E, 0x1F, 0x2C, 0x2C, 0x40, 0x4A, 0x60, 0x66, 0x80, 0xA0, 0xE0, 0xFF]
         {
             assert_eq!(Opcode::new(bad), None, "{bad:#x}");
@@ -477,6 +490,12 @@ mod tests {
         assert_eq!(Opcode::new(0x81).unwrap().to_string(), "CNP");
         assert_eq!(Opcode::new(0x81).unwrap().headers().len(), 16);
         assert_eq!(Opcode::new(0x1D).unwrap().payload(), P::Exactly(8));
+        let sack = Opcode::new(0xC0).unwrap();
+        assert_eq!(sack.to_string(), "RC SOFTRDMA_SACK");
+        assert_eq!(
+            (sack.payload(), sack.headers(), sack.is_request()),
+            (P::Exactly(16), HeaderSet::EMPTY, false)
+        );
     }
 
     #[test]
