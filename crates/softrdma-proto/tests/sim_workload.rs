@@ -31,6 +31,7 @@ proptest! {
         depth in 1usize..32,
         max_size in 8usize..20_000,
         mtu in mtu(),
+        selective in any::<bool>(),
     ) {
         let cfg = WorkloadConfig {
             ops: 300,
@@ -38,7 +39,7 @@ proptest! {
             impairments: Impairments::from_percent(loss, dup, reorder, corrupt),
             depth,
             max_size,
-            params: ConnectParams { mtu, ..ConnectParams::default() },
+            params: ConnectParams { mtu, selective, ..ConnectParams::default() },
             ..WorkloadConfig::default()
         };
         let r = run_workload(cfg);

@@ -198,6 +198,14 @@ pub(crate) struct Engine {
     cm_waiting: AtomicBool,
     /// Held by the thread handing out CM events.
     cm_turn: Mutex<()>,
+    /// RC responders hold early requests and send SACKs to softrdma peers
+    /// (`SOFTRDMA_SELECTIVE=0` turns it off; see `QueuePair::set_selective`).
+    selective: bool,
+}
+
+/// Whether selective recovery is on: unless `SOFTRDMA_SELECTIVE` is `0`, `off` or `no`.
+fn selective_from_env() -> bool {
+    !matches!(std::env::var("SOFTRDMA_SELECTIVE").as_deref(), Ok("0" | "off" | "no"))
 }
 
 /// An application thread watching the link; dropping it (however the wait ends) hands the
@@ -280,6 +288,7 @@ impl Engine {
             app_watching: AtomicU64::new(0),
             cm_waiting: AtomicBool::new(false),
             cm_turn: Mutex::new(()),
+            selective: selective_from_env(),
         })
     }
 
@@ -317,6 +326,7 @@ impl Engine {
         }
         let qpn = core.endpoint.create_qp(cfg);
         if let Some(qp) = core.endpoint.qp_mut(qpn) {
+            qp.set_selective(self.selective);
             setup(qp);
         }
         core.routes.insert(qpn.get(), Route { send, recv });
@@ -501,6 +511,10 @@ impl Engine {
                     packets_sent: s.packets_sent,
                     retransmits: s.retransmits,
                     timeouts: s.timeouts,
+                    probes: s.probes,
+                    sacks_sent: s.sacks_sent,
+                    sacks_received: s.sacks_received,
+                    held: s.held,
                     dropped: s.dropped,
                     duplicates: s.duplicates,
                 }

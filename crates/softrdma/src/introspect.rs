@@ -73,6 +73,10 @@ pub(crate) struct QpRes {
     pub(crate) packets_sent: u64,
     pub(crate) retransmits: u64,
     pub(crate) timeouts: u64,
+    pub(crate) probes: u64,
+    pub(crate) sacks_sent: u64,
+    pub(crate) sacks_received: u64,
+    pub(crate) held: u64,
     pub(crate) dropped: u64,
     pub(crate) duplicates: u64,
 }
