@@ -591,7 +591,7 @@ impl QueuePair {
             if psn.distance(self.req.max_sent) > 0 || psn != self.req.next_psn {
                 return;
             }
-            if !w.answered && !(self.req.sack_peer && self.req.skips(psn)) {
+            if !(w.answered || self.req.sack_peer && self.req.skips(psn)) {
                 return;
             }
             if !self.req.started {
@@ -721,10 +721,8 @@ impl QueuePair {
     pub(super) fn go_back_resend(&mut self, psn: Psn) {
         // (Also before the first SACK: one may come before the resend goes.)
         self.req.reread = Some(psn);
-        if self.req.sack_peer {
-            if psn.distance(self.req.lost_limit) > 0 {
-                self.req.lost_limit = psn;
-            }
+        if self.req.sack_peer && psn.distance(self.req.lost_limit) > 0 {
+            self.req.lost_limit = psn;
         }
         self.go_back(psn);
     }
