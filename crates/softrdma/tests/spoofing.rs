@@ -251,7 +251,11 @@ fn attack(targets: [Target; 2], stop: &AtomicBool) -> Sent {
             // The peer's exact address and port, PSNs far outside the window.
             _ => {
                 let op = ops[rng.below(ops.len() as u64) as usize];
-                let base = if rng.below(2) == 0 { t.sq_start } else { t.rq_start };
+                // Far from the PSNs of the stream the packet belongs to: a request's are
+                // the ones the victim expects, a response's the ones it sends. (A forged
+                // packet inside the window is the unit tests' business: see
+                // `a_forged_packet_held_ahead_of_the_gap_gives_way_to_the_real_one`.)
+                let base = if op.is_request() { t.rq_start } else { t.sq_start };
                 let psn = base.wrapping_add(PSN_SPAN * 4 + rng.below(1 << 23) as u32);
                 let pkt = forge(op, t.qpn, psn, syndrome(&mut rng), t.peer, t.victim);
                 let dgram = ip_datagram(t.peer, t.victim, &pkt);

@@ -132,8 +132,12 @@ impl QueuePair {
     /// A SACK (selective recovery, see `QueuePair::set_selective`): every PSN before
     /// `first_missing` arrived, and the payload's bitmap says which after it did.
     fn on_sack_packet(&mut self, now: Duration, pkt: &Packet<&[u8]>, first_missing: Psn) {
+        // Valid when it acknowledges something sent: its first missing PSN lies after the
+        // acknowledged ones and at most one past the highest PSN sent (everything sent
+        // arrived; the bitmap may then show only packets the requester never sent, held
+        // by the responder although forged, which `on_sack` ignores).
         let valid = first_missing.distance(self.req.acked_psn) > 0
-            && (self.req.outstanding(first_missing) || self.req.sent_after_rewind(first_missing));
+            && first_missing.distance(self.req.max_sent + 1) <= 0;
         let Ok(bits) = <[u8; 16]>::try_from(pkt.payload()) else {
             self.stats.dropped += 1;
             return;

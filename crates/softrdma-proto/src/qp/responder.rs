@@ -154,20 +154,23 @@ impl Responder {
 
     /// Holds a request `d` PSNs ahead of the expected one. Returns false if it was held
     /// already (a duplicate).
+    ///
+    /// A second copy replaces the first. A requester's resend carries the same request, so
+    /// this changes nothing for it; but a packet forged with the peer's address, port and
+    /// QPN and a PSN inside the window most likely lands beyond what the requester has sent
+    /// yet, and the real packet, coming later, must not be thrown away as its duplicate.
     fn hold(&mut self, pkt: &Packet<&[u8]>, src: SocketAddr, span: u32) -> bool {
         if self.held.is_empty() {
             self.held.resize_with(HOLD_WINDOW as usize, || None);
         }
         let psn = pkt.bth().psn();
         let slot = &mut self.held[(psn.get() % HOLD_WINDOW) as usize];
-        if slot.as_ref().is_some_and(|h| h.psn == psn) {
-            return false;
-        }
+        let again = slot.as_ref().is_some_and(|h| h.psn == psn);
         if slot.is_none() {
             self.held_count += 1;
         }
         *slot = Some(Held { psn, span, bytes: pkt.as_bytes().to_vec(), src });
-        true
+        !again
     }
 
     /// Takes the held packet with the expected PSN, if there is one.

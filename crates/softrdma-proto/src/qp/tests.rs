@@ -386,6 +386,60 @@ fn requests_ahead_get_one_sequence_nak_and_duplicates_a_re_ack() {
     assert_eq!(t.qp.stats().duplicates, 1);
 }
 
+// --- Selective recovery against forged packets ---
+
+/// A SACK from the peer: every PSN before `first_missing` arrived, and `bits` after it.
+fn sack(t: &mut T, first_missing: u32, bits: u128) {
+    let r = PacketRepr::new(
+        BthRepr::new(Opcode::new(0xC0).unwrap(), Qpn::new(0x42), Psn::new(first_missing)),
+        16,
+    );
+    t.feed(&r, &bits.to_le_bytes());
+}
+
+#[test]
+fn a_sack_past_everything_sent_acknowledges_it_all() {
+    // The responder holds a packet the requester never sent (forged with the peer's
+    // address and a PSN in its window): its SACKs then say "first missing: the next PSN",
+    // which acknowledges everything sent, and the bits beyond say nothing.
+    let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Send, 0, 3000);
+    assert_eq!(t.out().len(), 3);
+    sack(&mut t, SQ + 3, 1 << 10);
+    let wc = t.sends();
+    assert_eq!(wc.len(), 1, "the SACK completes the SEND");
+    assert_eq!(wc[0].status, WcStatus::Success);
+    assert!(t.out().is_empty(), "and resends nothing");
+    // Further than one past what was sent, a SACK is forged: dropped.
+    t.post(2, SendOp::Send, 0, 10);
+    assert_eq!(t.out().len(), 1);
+    let dropped = t.qp.stats().dropped;
+    sack(&mut t, SQ + 5, 0b1);
+    assert_eq!(t.qp.stats().dropped, dropped + 1);
+    assert!(t.sends().is_empty());
+}
+
+#[test]
+fn a_forged_packet_held_ahead_of_the_gap_gives_way_to_the_real_one() {
+    let mut t = T::new(QpType::Rc);
+    t.qp.set_selective(true);
+    // Forged: a WRITE at a PSN inside the window, before the requester sent it.
+    t.request(Operation::RdmaWriteOnly, RQ + 2, BASE + 64, &[0xF0; 8]);
+    assert_eq!(ops(&t.out()), vec![(Operation::Sack, RQ)]);
+    // The real packets, the one at RQ + 2 first (held), then the gap's.
+    t.request(Operation::RdmaWriteOnly, RQ + 2, BASE + 64, &[0xA2; 8]);
+    t.request(Operation::RdmaWriteOnly, RQ, BASE, &[0xA0; 8]);
+    t.request(Operation::RdmaWriteOnly, RQ + 1, BASE + 32, &[0xA1; 8]);
+    let b = t.bytes();
+    assert_eq!((b[0], b[32], b[64]), (0xA0, 0xA1, 0xA2), "the real WRITE landed, not the forged one");
+    let out = t.out();
+    assert_eq!(
+        (out.last().unwrap().op, out.last().unwrap().psn),
+        (Operation::Acknowledge, RQ + 2),
+        "{out:?}"
+    );
+}
+
 #[test]
 fn a_send_without_a_receive_is_rnr_nakked_and_then_lands() {
     let mut t = T::new(QpType::Rc);
