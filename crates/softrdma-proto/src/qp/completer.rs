@@ -48,6 +48,7 @@ impl QueuePair {
                 Some(Ok(AethSyndrome::Nak(NakCode::PsnSequenceError))) => {
                     tracing::debug!(psn = psn.get(), "sequence NAK received: going back");
                     self.stats.seq_naks_received += 1;
+                    self.req.on_lost(now, 1);
                     if !self.on_ack(now, psn - 1) && self.req.go_back_guard != Some(psn) {
                         self.req.go_back_guard = Some(psn);
                         self.go_back(psn);
@@ -243,7 +244,7 @@ impl QueuePair {
         self.req.ack_every = false;
         // The probe's back-off holds until a fresh measurement (Karn): an ACK of packets
         // sent before a probe says nothing of how late the peer now is.
-        self.grow_window();
+        self.grow_window(now);
         // With selective recovery a probe resends one packet, not a window: its answer is
         // the fresh news.
         let fresh =

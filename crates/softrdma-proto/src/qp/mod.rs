@@ -195,6 +195,11 @@ pub struct QpStats {
     pub cnps_received: u64,
     /// The congestion window now, in PSNs (RC).
     pub cwnd: u64,
+    /// Window cuts for a round trip past the delay target (see the requester's delay
+    /// reaction).
+    pub delay_cuts: u64,
+    /// Window cuts for heavy loss in one round.
+    pub loss_cuts: u64,
     /// RNR NAKs received.
     pub rnr_naks_received: u64,
     /// Sequence NAKs received.
@@ -363,7 +368,12 @@ impl QueuePair {
     }
     /// Counters.
     pub fn stats(&self) -> QpStats {
-        QpStats { cwnd: u64::from(self.req.cwnd), ..self.stats }
+        QpStats {
+            cwnd: u64::from(self.req.cwnd),
+            delay_cuts: self.req.delay_cuts,
+            loss_cuts: self.req.loss_cuts,
+            ..self.stats
+        }
     }
     /// The path MTU (RC, UC) or the MTU UD sends are limited to.
     pub fn mtu(&self) -> Mtu {

@@ -19,6 +19,15 @@ use crate::Psn;
 /// Request packets between AckReq flags inside a long message (rxe: about 64).
 const ACK_REQ_EVERY: u32 = 32;
 
+/// The queueing delay beyond which a loss counts as congestion (see
+/// `Requester::on_lost`): a round trip this much longer than the smallest measured means a
+/// queue stands on the path.
+const TARGET_QUEUE: Duration = Duration::from_micros(250);
+
+/// The queueing delay beyond which the window shrinks whether or not anything is lost
+/// (see `Requester::on_rtt`), unless the smallest round trip is longer.
+const DELAY_GUARD: Duration = Duration::from_millis(2);
+
 pub(super) struct Requester {
     /// PSN of the next packet to send.
     pub(super) next_psn: Psn,
@@ -69,6 +78,18 @@ pub(super) struct Requester {
     pub(super) alpha: u32,
     /// When the window was last cut (at most one cut per round trip).
     pub(super) last_cut: Option<Duration>,
+    /// The smallest round trip measured (the path with empty queues) and the last one
+    /// (see `on_rtt`, `on_lost`).
+    pub(super) min_rtt: Option<Duration>,
+    last_rtt: Duration,
+    /// The round of the loss reaction (see `end_round`): it ends once this PSN is
+    /// acknowledged; it began after `round_start`; `round_lost` PSNs were resent in it.
+    round_start: Psn,
+    round_end: Psn,
+    pub(super) round_lost: u32,
+    /// Window cuts for queueing delay and for heavy loss.
+    pub(super) delay_cuts: u64,
+    pub(super) loss_cuts: u64,
     /// The PSN of the last go-back triggered by a response, to ignore repeats of it.
     pub(super) go_back_guard: Option<Psn>,
     since_ack_req: u32,
@@ -124,6 +145,13 @@ impl Requester {
             cc_acked: sq_psn - 1,
             alpha: 1 << 16,
             last_cut: None,
+            min_rtt: None,
+            last_rtt: Duration::ZERO,
+            round_start: sq_psn - 1,
+            round_end: sq_psn - 1,
+            round_lost: 0,
+            delay_cuts: 0,
+            loss_cuts: 0,
             go_back_guard: None,
             since_ack_req: 0,
             ack_every: false,
@@ -139,8 +167,10 @@ impl Requester {
         }
     }
 
-    /// Feeds one round-trip measurement to the estimator (RFC 6298).
-    fn rtt_sample(&mut self, r: Duration) {
+    /// Feeds one round-trip measurement to the estimator (RFC 6298) and to the delay
+    /// reaction (see `on_rtt`).
+    fn rtt_sample(&mut self, now: Duration, r: Duration) {
+        self.on_rtt(now, r);
         match self.srtt {
             None => {
                 self.srtt = Some(r);
@@ -152,6 +182,81 @@ impl Requester {
                 self.srtt = Some(s * 7 / 8 + r / 8);
             }
         }
+    }
+
+    /// Whether the window may be cut now: at most once per round trip (50 µs before the
+    /// first measurement), whichever signal asks. Starts the hold when it may.
+    fn may_cut(&mut self, now: Duration) -> bool {
+        let hold = self.srtt.unwrap_or(Duration::from_micros(50));
+        if self.last_cut.is_some_and(|t| now < t + hold) {
+            return false;
+        }
+        self.last_cut = Some(now);
+        true
+    }
+
+    /// Cuts the window to `keep` (in 1/65536) of itself: by one PSN at least, to one PSN
+    /// at most.
+    fn cut_to(&mut self, keep: u32) {
+        let kept = ((u64::from(self.cwnd) * u64::from(keep.min(1 << 16))) >> 16) as u32;
+        self.cwnd = kept.min(self.cwnd.saturating_sub(1)).max(1);
+        self.cwnd_credit = 0;
+    }
+
+    /// The delay reaction: a round trip `r` longer than the target — the smallest
+    /// measured plus as much again or `DELAY_GUARD`, whichever is more — means a deep queue
+    /// is building (a bottleneck with a large buffer and no ECN); the window shrinks in
+    /// proportion to the excess, `1 - 0.8 (r - target) / r` as Swift's does, by half at
+    /// most, once per round trip. The target is generous on purpose: a flow that starts
+    /// while a queue stands takes that queue for part of its path, so a tight target
+    /// would push older flows down in favour of newer ones (delay-based control's
+    /// latecomer problem); below it, losses and ECN marks steer the window.
+    fn on_rtt(&mut self, now: Duration, r: Duration) {
+        let base = self.min_rtt.map_or(r, |m| m.min(r));
+        self.min_rtt = Some(base);
+        self.last_rtt = r;
+        let target = base + base.max(DELAY_GUARD);
+        if r <= target || !self.may_cut(now) {
+            return;
+        }
+        let excess = ((r - target).as_nanos() << 16) / r.as_nanos().max(1);
+        let keep = (1u128 << 16).saturating_sub(excess * 4 / 5).max(1 << 15) as u32;
+        self.cut_to(keep);
+        self.delay_cuts += 1;
+    }
+
+    /// `n` PSNs found lost (by a SACK, or a sequence NAK from a go-back-N peer). A loss
+    /// while the last round trip measured stood `TARGET_QUEUE` above the smallest is a
+    /// queue overflowing: the window halves, once per round trip, as TCP's does. A loss on
+    /// a path without a queue is taken for damage, not congestion, and costs no window
+    /// (selective recovery repairs it): random loss of a few percent leaves the rate as it
+    /// is. Heavy loss counts either way (see `end_round`).
+    pub(super) fn on_lost(&mut self, now: Duration, n: u32) {
+        self.round_lost += n;
+        let queued = self.min_rtt.is_some_and(|base| self.last_rtt > base + TARGET_QUEUE);
+        if n > 0 && queued && self.may_cut(now) {
+            self.cut_to(1 << 15);
+            self.loss_cuts += 1;
+        }
+    }
+
+    /// The heavy-loss reaction, once per round (a window's worth of PSNs, from the first
+    /// sent in it to its acknowledgement): if a quarter or more of at least 16 PSNs were
+    /// found lost, the path is dropping for want of room whatever the round trips say,
+    /// and the window halves. Random loss of a few percent never comes near that. Called
+    /// as ACKs arrive.
+    fn end_round(&mut self, now: Duration) {
+        if self.acked_psn.distance(self.round_end) < 0 {
+            return;
+        }
+        let sent = self.round_end.distance(self.round_start).max(0) as u32;
+        if sent >= 16 && self.round_lost * 4 >= sent && self.may_cut(now) {
+            self.cut_to(1 << 15);
+            self.loss_cuts += 1;
+        }
+        self.round_start = self.acked_psn;
+        self.round_end = self.max_sent;
+        self.round_lost = 0;
     }
 
     /// Moves the SACK bitmaps' base to the first unacknowledged PSN.
@@ -229,7 +334,7 @@ impl Requester {
         if let Some((psn, sent)) = self.timed {
             if self.sack_bit(psn).is_some_and(|bit| self.sacked & bit != 0) {
                 self.timed = None;
-                self.rtt_sample(now.saturating_sub(sent));
+                self.rtt_sample(now, now.saturating_sub(sent));
             }
         }
         if count == 0 {
@@ -246,6 +351,19 @@ impl Requester {
             return (news, None);
         };
         if limit.distance(self.lost_limit) > 0 {
+            // The PSNs this SACK shows lost (not held, not resent): the loss reaction's
+            // count. A probe's resends are not counted: a probe is a guess.
+            let from =
+                if self.lost_limit.distance(self.acked_psn) > 0 { self.lost_limit } else { self.acked_psn };
+            let mut psn = from + 1;
+            let mut lost = 0;
+            while psn.distance(limit) < 0 {
+                if self.sack_bit(psn).is_some_and(|bit| (self.sacked | self.rexmitted) & bit == 0) {
+                    lost += 1;
+                }
+                psn = psn + 1;
+            }
+            self.on_lost(now, lost);
             self.lost_limit = limit;
         }
         let mut psn = self.acked_psn + 1;
@@ -329,20 +447,17 @@ impl QueuePair {
     /// (50 µs before the first measurement); the window never goes below one PSN.
     pub(super) fn on_cnp(&mut self, now: Duration) {
         self.stats.cnps_received += 1;
-        let hold = self.req.srtt.unwrap_or(Duration::from_micros(50));
-        if self.req.last_cut.is_some_and(|t| now < t + hold) {
+        if !self.req.may_cut(now) {
             return;
         }
-        self.req.last_cut = Some(now);
         self.req.alpha = self.req.alpha - self.req.alpha / 16 + (1 << 16) / 16;
-        let cut = ((u64::from(self.req.cwnd) * u64::from(self.req.alpha)) >> 17) as u32;
-        self.req.cwnd = self.req.cwnd.saturating_sub(cut.max(1)).max(1);
-        self.req.cwnd_credit = 0;
+        self.req.cut_to((1 << 16) - self.req.alpha / 2);
     }
 
     /// Progress without news of congestion: one PSN more per window acknowledged
     /// (additive increase), and alpha decays as DCQCN's does when no CNP comes.
-    pub(super) fn grow_window(&mut self) {
+    pub(super) fn grow_window(&mut self, now: Duration) {
+        self.req.end_round(now);
         let n = self.req.acked_psn.distance(self.req.cc_acked);
         if n <= 0 {
             return;
@@ -373,7 +488,7 @@ impl QueuePair {
             return false;
         }
         self.req.timed = None;
-        self.req.rtt_sample(now.saturating_sub(sent));
+        self.req.rtt_sample(now, now.saturating_sub(sent));
         true
     }
 
@@ -754,7 +869,7 @@ impl QueuePair {
         self.req.retry_left -= 1;
         self.req.go_back_guard = None;
         self.req.ack_every = true;
-        self.req.restart_recovery(false);
+        self.req.restart_recovery(true);
         self.req.pending_back = None;
         self.rewind(self.req.acked_psn + 1);
         self.req.reread = Some(self.req.next_psn);

@@ -15,7 +15,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 pub use memory::{MemFault, RegisterError, SimMemory, WriteRecord};
-pub use network::{Datagram, Impairments, NetStats, Network};
+pub use network::{Bottleneck, Datagram, Impairments, NetStats, Network, LINK_OVERHEAD};
 pub use rng::Rng;
 pub use workload::{run_workload, run_workload_with_fault, Fault, WorkloadConfig, WorkloadReport};
 
@@ -108,7 +108,8 @@ impl Sim {
         while let Some(d) = self.net.poll(self.now) {
             busy = true;
             if let Some(node) = self.nodes.iter_mut().find(|n| n.endpoint.local() == d.to) {
-                node.endpoint.handle_datagram(self.now, Arrival::new(d.from, d.to), &d.bytes, &mut node.mem);
+                let arrival = Arrival { src: d.from, dst: d.to, tos: d.tos };
+                node.endpoint.handle_datagram(self.now, arrival, &d.bytes, &mut node.mem);
             }
         }
         for node in &mut self.nodes {
@@ -121,7 +122,7 @@ impl Sim {
             for _ in 0..self.burst {
                 let Some(t) = node.endpoint.poll_transmit(self.now, &mut self.buf, &node.mem) else { break };
                 let bytes = t.assemble(&self.buf, &node.mem);
-                self.net.send(self.now, node.endpoint.local(), t.dst, bytes);
+                self.net.send_tos(self.now, node.endpoint.local(), t.dst, t.tos, bytes);
                 busy = true;
             }
         }

@@ -7,6 +7,11 @@
 //! passed in by the caller (a [`Duration`] since an arbitrary epoch) instead of read from a
 //! clock.
 //!
+//! A [`Bottleneck`] adds a link of finite rate in front of each destination: datagrams
+//! queue behind one another, a full queue drops them (tail drop), and a queue beyond the
+//! marking threshold marks ECN-capable datagrams Congestion Experienced, as a switch port
+//! configured for RoCE does.
+//!
 //! This module owns the datagrams in flight, their delivery order and the impairment
 //! counters. Every random choice comes from one seeded [`Rng`], so a seed and the sequence
 //! of calls determine every delivery exactly.
@@ -14,7 +19,7 @@
 use core::cmp::Ordering;
 use core::fmt;
 use core::time::Duration;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
 
 use super::rng::Rng;
@@ -37,7 +42,29 @@ pub struct Impairments {
     pub jitter: Duration,
     /// Largest datagram carried; larger ones are dropped and counted as oversize.
     pub mtu: usize,
+    /// A link of finite rate and buffer in front of each destination address, if any.
+    pub bottleneck: Option<Bottleneck>,
 }
+
+/// A bottleneck link in front of each destination address, as a switch's egress port:
+/// datagrams to one address leave one at a time at `rate_bps` (each counted with 42 bytes
+/// of Ethernet, IPv4 and UDP headers), in the order they were sent (after the random
+/// loss); a datagram that would find more than `buffer` bytes queued ahead of it and
+/// itself is dropped; an ECN-capable one (ECT(0), ECT(1)) that finds more than
+/// `ecn_threshold` bytes queued is marked Congestion Experienced. Queueing comes before
+/// the base delay and any reordering delay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bottleneck {
+    /// Link rate in bits per second (at least 1).
+    pub rate_bps: u64,
+    /// Bytes the queue holds at most.
+    pub buffer: usize,
+    /// Queue depth in bytes beyond which ECN-capable datagrams are marked; `None`: none are.
+    pub ecn_threshold: Option<usize>,
+}
+
+/// Bytes of Ethernet, IPv4 and UDP headers a datagram takes on a link besides its payload.
+pub const LINK_OVERHEAD: usize = 42;
 
 impl Default for Impairments {
     /// A perfect network: nothing lost, reordered, duplicated or corrupted; 10 µs of delay;
@@ -51,6 +78,7 @@ impl Default for Impairments {
             delay: Duration::from_micros(10),
             jitter: Duration::ZERO,
             mtu: 65535,
+            bottleneck: None,
         }
     }
 }
@@ -72,7 +100,7 @@ impl Impairments {
 
 /// Counters of what the network did, for assertions and logs.
 ///
-/// Once the network is idle, `delivered == sent - lost - oversize + duplicated`.
+/// Once the network is idle, `delivered == sent - lost - oversize - queue_drops + duplicated`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NetStats {
     /// Datagrams passed to [`Network::send`].
@@ -89,6 +117,10 @@ pub struct NetStats {
     pub corrupted: u64,
     /// Datagrams dropped for exceeding the MTU.
     pub oversize: u64,
+    /// Datagrams dropped by a full bottleneck queue.
+    pub queue_drops: u64,
+    /// Datagrams a bottleneck marked Congestion Experienced.
+    pub ce_marked: u64,
 }
 
 impl fmt::Display for NetStats {
@@ -103,7 +135,11 @@ impl fmt::Display for NetStats {
             self.reordered,
             self.corrupted,
             self.oversize
-        )
+        )?;
+        if self.queue_drops + self.ce_marked > 0 {
+            write!(f, " queue_drops={} ce_marked={}", self.queue_drops, self.ce_marked)?;
+        }
+        Ok(())
     }
 }
 
@@ -116,6 +152,8 @@ pub struct Datagram {
     pub to: SocketAddr,
     /// The payload, possibly corrupted.
     pub bytes: Vec<u8>,
+    /// The IP TOS byte it arrives with (a bottleneck may have set its ECN bits to CE).
+    pub tos: u8,
 }
 
 /// A datagram in flight, ordered by delivery time, then by scheduling order.
@@ -155,6 +193,10 @@ pub struct Network {
     queue: BinaryHeap<InFlight>,
     next_seq: u64,
     stats: NetStats,
+    /// With a bottleneck: when each destination's link finishes what is queued for it.
+    links: HashMap<SocketAddr, Duration>,
+    /// With a bottleneck: each queued datagram's wait, in nanoseconds (saturating).
+    queue_waits: Vec<u32>,
 }
 
 impl Network {
@@ -166,6 +208,8 @@ impl Network {
             queue: BinaryHeap::new(),
             next_seq: 0,
             stats: NetStats::default(),
+            links: HashMap::new(),
+            queue_waits: Vec::new(),
         }
     }
 
@@ -188,6 +232,12 @@ impl Network {
     /// probability `duplicate` a second copy follows it, up to one `delay` later; each
     /// copy has one to three bits flipped with probability `corrupt`.
     pub fn send(&mut self, now: Duration, from: SocketAddr, to: SocketAddr, datagram: Vec<u8>) {
+        self.send_tos(now, from, to, 0, datagram);
+    }
+
+    /// [`Self::send`] with an IP TOS byte, which the receiver sees (a bottleneck may mark
+    /// its ECN bits Congestion Experienced on the way).
+    pub fn send_tos(&mut self, now: Duration, from: SocketAddr, to: SocketAddr, tos: u8, datagram: Vec<u8>) {
         self.stats.sent += 1;
         if datagram.len() > self.imp.mtu {
             self.stats.oversize += 1;
@@ -197,7 +247,16 @@ impl Network {
             self.stats.lost += 1;
             return;
         }
-        let mut at = now.saturating_add(self.imp.delay);
+        let mut tos = tos;
+        let mut at = now;
+        if let Some(b) = self.imp.bottleneck {
+            let Some(done) = self.enqueue(now, to, &b, datagram.len(), &mut tos) else {
+                self.stats.queue_drops += 1;
+                return;
+            };
+            at = done;
+        }
+        let mut at = at.saturating_add(self.imp.delay);
         if self.rng.chance(self.imp.reorder) {
             let max =
                 if self.imp.jitter.is_zero() { self.imp.delay.saturating_mul(4) } else { self.imp.jitter };
@@ -209,7 +268,7 @@ impl Network {
         } else {
             None
         };
-        let datagram = Datagram { from, to, bytes: datagram };
+        let datagram = Datagram { from, to, bytes: datagram, tos };
         if let Some(dup_at) = duplicate_at {
             self.stats.duplicated += 1;
             self.schedule(at, datagram.clone());
@@ -217,6 +276,53 @@ impl Network {
         } else {
             self.schedule(at, datagram);
         }
+    }
+
+    /// Queues a datagram of `len` bytes on the link to `to`: returns when it has left the
+    /// link, or `None` if the queue is full; marks `tos` CE past the marking threshold.
+    fn enqueue(
+        &mut self,
+        now: Duration,
+        to: SocketAddr,
+        b: &Bottleneck,
+        len: usize,
+        tos: &mut u8,
+    ) -> Option<Duration> {
+        let rate = u128::from(b.rate_bps.max(1));
+        let free = self.links.get(&to).copied().unwrap_or(Duration::ZERO).max(now);
+        let wait = free - now;
+        let queued = usize::try_from(wait.as_nanos() * rate / 8_000_000_000).unwrap_or(usize::MAX);
+        let wire = len + LINK_OVERHEAD;
+        if queued.saturating_add(wire) > b.buffer {
+            return None;
+        }
+        if b.ecn_threshold.is_some_and(|t| queued > t) && *tos & 3 != 0 {
+            *tos |= 3;
+            self.stats.ce_marked += 1;
+        }
+        let tx_ns = (wire as u128 * 8_000_000_000).div_ceil(rate);
+        let done = free.saturating_add(Duration::from_nanos(u64::try_from(tx_ns).unwrap_or(u64::MAX)));
+        self.links.insert(to, done);
+        self.queue_waits.push(u32::try_from(wait.as_nanos()).unwrap_or(u32::MAX));
+        Some(done)
+    }
+
+    /// The `q`-quantile (`0.0..=1.0`) of the time datagrams waited in bottleneck queues, if
+    /// any passed one (waits beyond about 4.3 s count as 4.3 s).
+    pub fn queue_wait_quantile(&self, q: f64) -> Option<Duration> {
+        if self.queue_waits.is_empty() {
+            return None;
+        }
+        let mut w = self.queue_waits.clone();
+        let k = ((w.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
+        let (_, x, _) = w.select_nth_unstable(k);
+        Some(Duration::from_nanos(u64::from(*x)))
+    }
+
+    /// Forgets the queue waits recorded so far, so that [`Self::queue_wait_quantile`]
+    /// describes only what follows (a steady state after a start-up, say).
+    pub fn clear_queue_waits(&mut self) {
+        self.queue_waits.clear();
     }
 
     /// A random duration in `(0, max]`, at nanosecond resolution; 1 ns when `max` is zero.
@@ -320,7 +426,7 @@ mod tests {
         assert_eq!(net.next_delivery(), Some(Duration::from_micros(10)));
         assert_eq!(net.poll(Duration::from_micros(9)), None);
         let a = net.poll(Duration::from_micros(10)).unwrap();
-        assert_eq!(a, Datagram { from: addr(1), to: addr(2), bytes: vec![1] });
+        assert_eq!(a, Datagram { from: addr(1), to: addr(2), bytes: vec![1], tos: 0 });
         assert_eq!(net.poll(Duration::from_micros(10)).unwrap().bytes, [2]);
         assert!(net.is_idle());
 
@@ -328,7 +434,7 @@ mod tests {
         assert_eq!(out.len(), 100);
         for (i, (t, d)) in out.iter().enumerate() {
             assert_eq!(seq_of(d), i as u32);
-            assert_eq!(*d, Datagram { from: addr(1), to: addr(2), bytes: payload(i as u32) });
+            assert_eq!(*d, Datagram { from: addr(1), to: addr(2), bytes: payload(i as u32), tos: 0 });
             assert_eq!(*t, Duration::from_micros(i as u64 + 10));
         }
         let s = net.stats();
@@ -427,6 +533,47 @@ mod tests {
         // Empty datagrams pass through untouched.
         net.send(Duration::ZERO, addr(1), addr(2), Vec::new());
         assert_eq!(net.poll(Duration::from_secs(1)).unwrap().bytes, []);
+    }
+
+    #[test]
+    fn a_bottleneck_paces_queues_drops_and_marks() {
+        // 8 Mbit/s: a 58-byte datagram (16 + 42 bytes on the wire) takes 58 µs.
+        let b = Bottleneck { rate_bps: 8_000_000, buffer: 4 * 58, ecn_threshold: Some(58) };
+        let mut net = Network::new(1, Impairments { bottleneck: Some(b), ..Impairments::default() });
+        for i in 0..6u8 {
+            net.send_tos(Duration::ZERO, addr(1), addr(2), 0x02, vec![i; 16]);
+        }
+        // A datagram to another address has a link of its own; one without ECT is not marked.
+        net.send_tos(Duration::ZERO, addr(1), addr(3), 0x00, vec![9; 16]);
+        net.send_tos(Duration::ZERO, addr(1), addr(3), 0x00, vec![9; 16]);
+        let mut out = Vec::new();
+        while let Some(t) = net.next_delivery() {
+            while let Some(d) = net.poll(t) {
+                out.push((t.as_micros(), d.to, d.bytes[0], d.tos));
+            }
+        }
+        let us = |k: u128| 58 * k + 10;
+        assert_eq!(
+            out,
+            vec![
+                (us(1), addr(2), 0, 0x02),
+                (us(1), addr(3), 9, 0x00),
+                (us(2), addr(2), 1, 0x02),
+                (us(2), addr(3), 9, 0x00),
+                (us(3), addr(2), 2, 0x03),
+                (us(4), addr(2), 3, 0x03),
+            ],
+            "paced at the link rate; CE past one datagram queued; the 5th and 6th dropped"
+        );
+        let s = net.stats();
+        assert_eq!((s.queue_drops, s.ce_marked, s.delivered), (2, 2, 6));
+        assert_eq!(s.delivered, s.sent - s.lost - s.oversize - s.queue_drops + s.duplicated);
+        assert!(s.to_string().ends_with("queue_drops=2 ce_marked=2"), "{s}");
+        assert_eq!(net.queue_wait_quantile(0.0), Some(Duration::ZERO));
+        assert_eq!(net.queue_wait_quantile(1.0), Some(Duration::from_micros(3 * 58)));
+        // A later datagram finds the queue drained.
+        net.send_tos(Duration::from_secs(1), addr(1), addr(2), 0x02, vec![7; 16]);
+        assert_eq!(net.next_delivery(), Some(Duration::from_secs(1) + Duration::from_micros(us(1) as u64)));
     }
 
     #[test]
