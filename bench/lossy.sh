@@ -50,7 +50,7 @@ printf '%-8s %16s %9s %16s %9s %14s %9s\n' "loss" "selective MiB/s" "of clean" "
   "of clean" "iperf3 MiB/s" "of clean"
 base=""; gbase=""; tbase=""
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
-for pm in 0 1 10 50; do
+for pm in ${LEVELS:-0 1 10 50}; do
   loss $pm
   w=$(wbw 1); g=$(wbw 0); c=$(tcp)
   [ -z "$base" ] && base=$w && gbase=$g && tbase=$c

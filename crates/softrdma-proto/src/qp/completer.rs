@@ -244,7 +244,7 @@ impl QueuePair {
         self.req.ack_every = false;
         // The probe's back-off holds until a fresh measurement (Karn): an ACK of packets
         // sent before a probe says nothing of how late the peer now is.
-        self.grow_window(now);
+        self.grow_window();
         // With selective recovery a probe resends one packet, not a window: its answer is
         // the fresh news.
         let fresh =

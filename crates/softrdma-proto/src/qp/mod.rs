@@ -198,7 +198,7 @@ pub struct QpStats {
     /// Window cuts for a round trip past the delay target (see the requester's delay
     /// reaction).
     pub delay_cuts: u64,
-    /// Window cuts for heavy loss in one round.
+    /// Window cuts for a loss while a queue stood (see the requester's loss reaction).
     pub loss_cuts: u64,
     /// RNR NAKs received.
     pub rnr_naks_received: u64,

@@ -21,8 +21,9 @@ const ACK_REQ_EVERY: u32 = 32;
 
 /// The queueing delay beyond which a loss counts as congestion (see
 /// `Requester::on_lost`): a round trip this much longer than the smallest measured means a
-/// queue stands on the path.
-const TARGET_QUEUE: Duration = Duration::from_micros(250);
+/// queue stands on the path. (At 250 µs, scheduling delays on a busy 2-core machine were
+/// taken for queues.)
+const TARGET_QUEUE: Duration = Duration::from_millis(1);
 
 /// The queueing delay beyond which the window shrinks whether or not anything is lost
 /// (see `Requester::on_rtt`), unless the smallest round trip is longer.
@@ -82,12 +83,7 @@ pub(super) struct Requester {
     /// (see `on_rtt`, `on_lost`).
     pub(super) min_rtt: Option<Duration>,
     last_rtt: Duration,
-    /// The round of the loss reaction (see `end_round`): it ends once this PSN is
-    /// acknowledged; it began after `round_start`; `round_lost` PSNs were resent in it.
-    round_start: Psn,
-    round_end: Psn,
-    pub(super) round_lost: u32,
-    /// Window cuts for queueing delay and for heavy loss.
+    /// Window cuts for queueing delay and for congestive loss.
     pub(super) delay_cuts: u64,
     pub(super) loss_cuts: u64,
     /// The PSN of the last go-back triggered by a response, to ignore repeats of it.
@@ -147,9 +143,6 @@ impl Requester {
             last_cut: None,
             min_rtt: None,
             last_rtt: Duration::ZERO,
-            round_start: sq_psn - 1,
-            round_end: sq_psn - 1,
-            round_lost: 0,
             delay_cuts: 0,
             loss_cuts: 0,
             go_back_guard: None,
@@ -230,33 +223,13 @@ impl Requester {
     /// queue overflowing: the window halves, once per round trip, as TCP's does. A loss on
     /// a path without a queue is taken for damage, not congestion, and costs no window
     /// (selective recovery repairs it): random loss of a few percent leaves the rate as it
-    /// is. Heavy loss counts either way (see `end_round`).
+    /// is.
     pub(super) fn on_lost(&mut self, now: Duration, n: u32) {
-        self.round_lost += n;
         let queued = self.min_rtt.is_some_and(|base| self.last_rtt > base + TARGET_QUEUE);
         if n > 0 && queued && self.may_cut(now) {
             self.cut_to(1 << 15);
             self.loss_cuts += 1;
         }
-    }
-
-    /// The heavy-loss reaction, once per round (a window's worth of PSNs, from the first
-    /// sent in it to its acknowledgement): if a quarter or more of at least 16 PSNs were
-    /// found lost, the path is dropping for want of room whatever the round trips say,
-    /// and the window halves. Random loss of a few percent never comes near that. Called
-    /// as ACKs arrive.
-    fn end_round(&mut self, now: Duration) {
-        if self.acked_psn.distance(self.round_end) < 0 {
-            return;
-        }
-        let sent = self.round_end.distance(self.round_start).max(0) as u32;
-        if sent >= 16 && self.round_lost * 4 >= sent && self.may_cut(now) {
-            self.cut_to(1 << 15);
-            self.loss_cuts += 1;
-        }
-        self.round_start = self.acked_psn;
-        self.round_end = self.max_sent;
-        self.round_lost = 0;
     }
 
     /// Moves the SACK bitmaps' base to the first unacknowledged PSN.
@@ -456,8 +429,7 @@ impl QueuePair {
 
     /// Progress without news of congestion: one PSN more per window acknowledged
     /// (additive increase), and alpha decays as DCQCN's does when no CNP comes.
-    pub(super) fn grow_window(&mut self, now: Duration) {
-        self.req.end_round(now);
+    pub(super) fn grow_window(&mut self) {
         let n = self.req.acked_psn.distance(self.req.cc_acked);
         if n <= 0 {
             return;
