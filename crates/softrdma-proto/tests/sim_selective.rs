@@ -17,6 +17,8 @@ use softrdma_proto::wire::Packet;
 #[derive(Default)]
 struct Log {
     sends: HashMap<u32, u32>,
+    /// Each send: PSN, its copy number, and the virtual time.
+    order: Vec<(u32, u32, std::time::Duration)>,
     packets: u64,
     lost: u64,
 }
@@ -55,6 +57,7 @@ fn run(p: &mut Pair, mut drop_a: impl FnMut(u32, u32) -> bool, mut drop_b: impl 
                     let psn = Packet::new_checked(&bytes[..]).unwrap().bth().psn().get();
                     let n = log.sends.entry(psn).or_default();
                     *n += 1;
+                    log.order.push((psn, *n, sim.now));
                     log.packets += 1;
                     drop_a(psn, *n)
                 } else {
@@ -93,8 +96,13 @@ const FIRST: u32 = 0xFF_FF00;
 /// One 40-packet WRITE with the packet at `lost` dropped once; returns the log and checks
 /// that the WRITE completed and placed every byte.
 fn write_losing(selective: bool, lost: &[u32]) -> Log {
+    write_n_losing(40, selective, lost)
+}
+
+/// The same with an `n`-packet WRITE.
+fn write_n_losing(n: usize, selective: bool, lost: &[u32]) -> Log {
     let mut p = Pair::with(1, Impairments::default(), params(selective));
-    let len = 40 * PMTU;
+    let len = n * PMTU;
     p.post_send(SendWr {
         wr_id: 1,
         op: SendOp::Write { remote_addr: B_BASE + OFF as u64, rkey: p.b.1 },
@@ -129,6 +137,23 @@ fn scattered_losses_are_resent_alone() {
     }
     assert_eq!(log.resent(), lost.len() as u64, "{:?}", log.sends);
     assert!(write_losing(false, &lost).resent() > 2 * lost.len() as u64);
+}
+
+#[test]
+fn a_hole_under_repair_does_not_hold_the_window_shut() {
+    // The first packet of a 400-packet WRITE is lost. The window (128 packets) is full
+    // when the SACKs come; they say the peer holds the other 127, so fresh packets go
+    // with the resend, not a round trip after it (when its ACK would open a window
+    // counted from the first unacknowledged PSN).
+    let at = |log: &Log, psn: u32, copy: u32| {
+        log.order.iter().find(|&&(p, n, _)| p == psn & 0xFF_FFFF && n == copy).map(|&(_, _, t)| t).unwrap()
+    };
+    let log = write_n_losing(400, true, &[0]);
+    assert_eq!(log.resent(), 1, "only the hole resent");
+    let (resend, fresh) = (at(&log, FIRST, 2), at(&log, FIRST + 128, 1));
+    assert!(fresh <= resend, "PSN +128 went at {fresh:?}, the resend at {resend:?}");
+    let gbn = write_n_losing(400, false, &[0]);
+    assert!(at(&gbn, FIRST + 128, 1) > at(&gbn, FIRST, 2), "go-back-N waits for the repair");
 }
 
 /// A mixed workload (WRITE, READ, SEND, FetchAdd, up to 48 packets each) with random loss

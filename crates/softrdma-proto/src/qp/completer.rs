@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::psnset::PsnBits;
 use super::{scatter, QueuePair, SendOp, WcStatus};
 use crate::memory::Memory;
 use crate::wire::{rnr_timer_us, AethSyndrome, NakCode, Operation, Packet, PayloadRule};
@@ -29,7 +30,7 @@ impl QueuePair {
         {
             // An ACK of PSNs the send position went back past (selective recovery):
             // they count as held, so the resends skip them.
-            self.req.on_sack(now, psn + 1, 0);
+            self.req.on_sack(now, psn + 1, &PsnBits::default());
             let p = self.req.next_psn - 1;
             self.on_ack(now, p);
             return;
@@ -139,7 +140,7 @@ impl QueuePair {
         // by the responder although forged, which `on_sack` ignores).
         let valid = first_missing.distance(self.req.acked_psn) > 0
             && first_missing.distance(self.req.max_sent + 1) <= 0;
-        let Ok(bits) = <[u8; 16]>::try_from(pkt.payload()) else {
+        let Ok(bits) = <[u8; PsnBits::BYTES]>::try_from(pkt.payload()) else {
             self.stats.dropped += 1;
             return;
         };
@@ -155,7 +156,7 @@ impl QueuePair {
             cum = self.req.next_psn - 1;
         }
         let went_back = self.on_ack(now, cum);
-        let (news, lost) = self.req.on_sack(now, first_missing, u128::from_le_bytes(bits));
+        let (news, lost) = self.req.on_sack(now, first_missing, &PsnBits::from_le_bytes(&bits));
         if news {
             // The peer is receiving: the probe waits from now (what is lost is resent
             // below, on the SACK's word).

@@ -26,6 +26,7 @@
 
 mod attr;
 mod completer;
+mod psnset;
 mod requester;
 mod responder;
 mod srq;
@@ -36,6 +37,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 pub use attr::{ModifyError, Mtu, QpAttr, QpAttrMask, QpState, QpType};
+pub use psnset::SACK_SPAN;
 pub use srq::{Srq, SrqId};
 pub use wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
 
@@ -49,7 +51,9 @@ pub const MAX_MESSAGE: u64 = 1 << 31;
 /// Outstanding READs and atomics a QP may be given (rxe's `max_qp_rd_atom`).
 pub const MAX_RD_ATOMIC: u8 = 128;
 
-/// Unacknowledged PSNs a requester allows in flight (rxe's limit is 128).
+/// Unacknowledged PSNs a requester allows in flight (rxe's limit is 128); towards a peer
+/// that sends SACKs, packets in flight that the peer does not hold yet, within a span of
+/// [`SACK_SPAN`] PSNs.
 pub const MAX_INFLIGHT_PSNS: u32 = 128;
 
 /// How many work requests and scatter entries a QP holds.
@@ -418,12 +422,14 @@ impl QueuePair {
     /// Go-back-N, what the IBTA specifies, throws away everything after a lost packet:
     /// the responder NAKs the gap and drops what follows, and the requester sends it all
     /// again. With selective recovery the responder instead holds requests that arrive
-    /// ahead of a gap (up to the requester's window of 128 PSNs, as copies of the packets),
+    /// ahead of a gap (up to [`SACK_SPAN`] PSNs ahead, as copies of the packets),
     /// answers with a SACK (vendor opcode 0xC0, see [`crate::wire::Operation::Sack`])
     /// saying what it holds, and executes the held requests in PSN order once the gap is
     /// filled, so that execution, completions and every check stay exactly as in order.
     /// The requester resends only what a SACK shows missing, or after a probe timeout
-    /// what no SACK covered. Every softrdma requester understands SACKs; a responder sends
+    /// what no SACK covered; its window then counts the packets the peer does not hold
+    /// (at most 128, within a span of [`SACK_SPAN`] PSNs), so a hole under repair does
+    /// not stop fresh packets. Every softrdma requester understands SACKs; a responder sends
     /// them only when this is on and the peer is not foreign (Linux rxe and NICs know no
     /// vendor opcode: towards them the wire stays go-back-N). Off by default in this
     /// crate; the runtime turns it on for softrdma peers.

@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::psnset::{PsnBits, SACK_SPAN};
 use super::{sgl_segments, QpState, QpType, QueuePair, SendOp, Transmit, WcStatus, MAX_INFLIGHT_PSNS};
 use crate::memory::{Access, MemKey, Memory};
 use crate::wire::{
@@ -99,8 +100,8 @@ pub(super) struct Requester {
     pub(super) sack_peer: bool,
     /// PSNs the peer's SACKs say it holds, and PSNs resent since the last probe, as
     /// bitmaps from `sack_base` (kept at the first unacknowledged PSN by `sync_sack`).
-    sacked: u128,
-    rexmitted: u128,
+    sacked: PsnBits,
+    rexmitted: PsnBits,
     sack_base: Psn,
     /// Unacknowledged PSNs up to this one that no SACK covers are lost; later ones may
     /// still be on their way.
@@ -150,8 +151,8 @@ impl Requester {
             ack_every: false,
             max_sent: sq_psn - 1,
             sack_peer: false,
-            sacked: 0,
-            rexmitted: 0,
+            sacked: PsnBits::default(),
+            rexmitted: PsnBits::default(),
             sack_base: sq_psn,
             lost_limit: sq_psn - 1,
             reread: None,
@@ -239,21 +240,39 @@ impl Requester {
         if d == 0 {
             return;
         }
-        if (1..128).contains(&d) {
-            self.sacked >>= d;
-            self.rexmitted >>= d;
+        if d > 0 {
+            self.sacked.shift_down(d as u32);
+            self.rexmitted.shift_down(d as u32);
         } else {
-            self.sacked = 0;
-            self.rexmitted = 0;
+            self.sacked = PsnBits::default();
+            self.rexmitted = PsnBits::default();
         }
         self.sack_base = base;
     }
 
     /// The bitmaps' bit for `psn`, if it is within them.
-    fn sack_bit(&mut self, psn: Psn) -> Option<u128> {
+    fn sack_bit(&mut self, psn: Psn) -> Option<u32> {
         self.sync_sack();
         let k = psn.distance(self.sack_base);
-        (0..128).contains(&k).then(|| 1u128 << k)
+        (0..SACK_SPAN as i32).contains(&k).then_some(k as u32)
+    }
+
+    /// Whether the peer holds `psn` or it was resent since the last probe.
+    fn held_or_resent(&mut self, psn: Psn) -> bool {
+        self.sack_bit(psn).is_some_and(|k| self.sacked.get(k) || self.rexmitted.get(k))
+    }
+
+    /// Packets in flight, as far as the send position: the PSNs sent and not
+    /// acknowledged, less those a SACK says the peer holds (RFC 6675's pipe, but for
+    /// what is lost: a lost packet is resent as soon as a SACK shows it, so it stays
+    /// counted).
+    pub(super) fn pipe(&mut self) -> u32 {
+        let inflight = self.inflight();
+        if !self.sack_peer {
+            return inflight;
+        }
+        self.sync_sack();
+        inflight - self.sacked.count_below(inflight).min(inflight)
     }
 
     /// Whether resending `psn` can be skipped: the peer holds it (or, for a READ, held
@@ -262,42 +281,42 @@ impl Requester {
         if self.reread == Some(psn) {
             return false;
         }
-        let Some(bit) = self.sack_bit(psn) else { return false };
-        psn.distance(self.lost_limit) > 0 || (self.rexmitted | self.sacked) & bit != 0
+        let Some(k) = self.sack_bit(psn) else { return false };
+        psn.distance(self.lost_limit) > 0 || self.rexmitted.get(k) || self.sacked.get(k)
     }
 
     /// Records a SACK: `bits` after the cumulative acknowledgement. Returns whether it
     /// told of PSNs not known to be held before, and the first PSN now known lost and not
     /// yet resent, if any.
-    pub(super) fn on_sack(&mut self, now: Duration, first_missing: Psn, bits: u128) -> (bool, Option<Psn>) {
+    pub(super) fn on_sack(
+        &mut self,
+        now: Duration,
+        first_missing: Psn,
+        bits: &PsnBits,
+    ) -> (bool, Option<Psn>) {
         self.sack_peer = true;
         self.sync_sack();
         let rtt = self.srtt.unwrap_or(Duration::from_micros(50));
         if self.rexmit_at.is_some_and(|t| now > t + rtt + rtt / 4) {
             // Resends a round trip old that are still missing were lost: send them again.
-            self.rexmitted = 0;
+            self.rexmitted = PsnBits::default();
             self.rexmit_at = None;
         }
         // Everything before the first missing PSN arrived, also what the cumulative
         // acknowledgement could not cover (PSNs after a READ still being answered).
-        let before = first_missing.distance(self.sack_base).clamp(0, 128) as u32;
-        if before > 0 {
-            self.sacked |= u128::MAX >> (128 - before);
-        }
+        let before = first_missing.distance(self.sack_base).clamp(0, SACK_SPAN as i32) as u32;
+        self.sacked.set_range(0, before);
         let mut held = [Psn::new(0); 3];
         let mut count = 0usize;
         let mut news = false;
-        let mut rest = bits;
-        while rest != 0 {
-            let i = rest.trailing_zeros();
-            rest &= rest - 1;
+        for i in bits.ones() {
             let psn = first_missing + (i + 1);
             if psn.distance(self.max_sent) > 0 {
                 break;
             }
-            if let Some(bit) = self.sack_bit(psn) {
-                news |= self.sacked & bit == 0;
-                self.sacked |= bit;
+            if let Some(k) = self.sack_bit(psn) {
+                news |= !self.sacked.get(k);
+                self.sacked.set(k);
                 held[count % 3] = psn;
                 count += 1;
             }
@@ -305,7 +324,7 @@ impl Requester {
         // The timed PSN held by the peer measures the round trip, which its cumulative ACK,
         // delayed behind the gap, would not.
         if let Some((psn, sent)) = self.timed {
-            if self.sack_bit(psn).is_some_and(|bit| self.sacked & bit != 0) {
+            if self.sack_bit(psn).is_some_and(|k| self.sacked.get(k)) {
                 self.timed = None;
                 self.rtt_sample(now, now.saturating_sub(sent));
             }
@@ -331,7 +350,7 @@ impl Requester {
             let mut psn = from + 1;
             let mut lost = 0;
             while psn.distance(limit) < 0 {
-                if self.sack_bit(psn).is_some_and(|bit| (self.sacked | self.rexmitted) & bit == 0) {
+                if self.sack_bit(psn).is_some() && !self.held_or_resent(psn) {
                     lost += 1;
                 }
                 psn = psn + 1;
@@ -339,25 +358,31 @@ impl Requester {
             self.on_lost(now, lost);
             self.lost_limit = limit;
         }
+        (news, self.first_lost())
+    }
+
+    /// The first PSN known lost (before `lost_limit`) that the peer does not hold and that
+    /// was not resent since the last probe.
+    fn first_lost(&mut self) -> Option<Psn> {
         let mut psn = self.acked_psn + 1;
         while psn.distance(self.lost_limit) < 0 {
-            let Some(bit) = self.sack_bit(psn) else { break };
-            if (self.sacked | self.rexmitted) & bit == 0 {
-                return (news, Some(psn));
+            self.sack_bit(psn)?;
+            if !self.held_or_resent(psn) {
+                return Some(psn);
             }
             psn = psn + 1;
         }
-        (news, None)
+        None
     }
 
     /// Forgets what was resent (a probe or timeout resends everything no SACK covers),
     /// and with `sacked` what the peer held (an RNR NAK: it dropped the packet it could
     /// not take).
     pub(super) fn restart_recovery(&mut self, sacked: bool) {
-        self.rexmitted = 0;
+        self.rexmitted = PsnBits::default();
         self.rexmit_at = None;
         if sacked {
-            self.sacked = 0;
+            self.sacked = PsnBits::default();
         }
         self.lost_limit = self.max_sent;
     }
@@ -488,10 +513,16 @@ impl QueuePair {
         let w = self.sq.get(i)?;
         // The congestion window holds back fresh PSNs only: a go-back resends up to the
         // highest PSN sent at once, as before, since the peer's ACKs of the first copies
-        // count only once the resends have caught up with them.
+        // count only once the resends have caught up with them. Towards a peer that sends
+        // SACKs the window counts what the peer does not hold yet (see `pipe`), so that a
+        // hole under repair does not hold it shut, and fresh PSNs stay within the span a
+        // SACK can describe, less room for one window more (a READ takes its responses'
+        // PSNs at once).
         let fresh = self.req.next_psn.distance(self.req.max_sent) > 0;
         let window = if fresh { self.req.cwnd.min(MAX_INFLIGHT_PSNS) } else { MAX_INFLIGHT_PSNS };
-        if rc && self.req.inflight() >= window {
+        let used = self.req.pipe();
+        let span_full = fresh && self.req.sack_peer && self.req.inflight() >= SACK_SPAN - MAX_INFLIGHT_PSNS;
+        if rc && (used >= window || span_full) {
             return None;
         }
         let pmtu = self.mtu.bytes();
@@ -627,7 +658,7 @@ impl QueuePair {
             repr.bth.ack_req = last
                 || self.req.ack_every
                 || self.req.since_ack_req + 1 >= ACK_REQ_EVERY
-                || self.req.inflight() + 1 >= self.req.cwnd.min(MAX_INFLIGHT_PSNS);
+                || used + 1 >= self.req.cwnd.min(MAX_INFLIGHT_PSNS);
         }
         let head_len = Self::emit_head(&repr, buf, inline)?;
         let pad = usize::from(crate::wire::pad_count(payload_len));
@@ -724,8 +755,8 @@ impl QueuePair {
                 self.req.reread = None;
             }
             if self.req.sack_peer {
-                if let Some(bit) = self.req.sack_bit(psn) {
-                    self.req.rexmitted |= bit;
+                if let Some(k) = self.req.sack_bit(psn) {
+                    self.req.rexmitted.set(k);
                     self.req.rexmit_at = Some(now);
                 }
             }

@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use super::psnset::PsnBits;
 use super::{
     scatter, QpType, QueuePair, RecvSource, RecvWqe, Transmit, WcOpcode, WcStatus, WorkCompletion,
     MAX_MESSAGE,
@@ -57,8 +58,9 @@ enum Answer {
     Sack,
 }
 
-/// Out-of-order request packets a responder holds at most (the requester's window).
-const HOLD_WINDOW: u32 = super::MAX_INFLIGHT_PSNS;
+/// How far ahead of the expected PSN a responder holds request packets: the span of PSNs a
+/// requester keeps outstanding towards it, which a SACK describes.
+const HOLD_WINDOW: u32 = super::SACK_SPAN;
 
 /// A request packet that arrived ahead of a gap and waits for it to be filled (selective
 /// recovery): executed, in PSN order, once every PSN before it has been.
@@ -203,10 +205,10 @@ impl Responder {
 
     /// The SACK bitmap: bit `i` for PSN `epsn + 1 + i` held (a held READ request covers
     /// its response PSNs too).
-    fn sack_bitmap(&self) -> u128 {
-        let mut bits = 0u128;
+    fn sack_bitmap(&self) -> PsnBits {
+        let mut bits = PsnBits::default();
         if self.held_count == 0 {
-            return 0;
+            return bits;
         }
         let mut i = 0u32;
         while i < HOLD_WINDOW {
@@ -214,7 +216,7 @@ impl Responder {
             match &self.held[(psn.get() % HOLD_WINDOW) as usize] {
                 Some(h) if h.psn == psn => {
                     let n = h.span.clamp(1, HOLD_WINDOW - i);
-                    bits |= (u128::MAX >> (128 - n)) << i;
+                    bits.set_range(i, n);
                     i += n;
                 }
                 _ => i += 1,
@@ -734,14 +736,17 @@ impl QueuePair {
             Answer::Sack => {
                 self.resp.tx.pop_front();
                 let bits = self.resp.sack_bitmap();
-                if bits == 0 {
+                if bits.is_empty() {
                     // The gap was filled since: a plain ACK says it all.
                     let psn = self.resp.epsn - 1;
                     self.resp.tx.push_front(Answer::Ack { psn, syndrome: AethSyndrome::ACK });
                     return self.next_response(buf, mem);
                 }
                 self.stats.sacks_sent += 1;
-                let repr = PacketRepr::new(BthRepr::new(Opcode::new(0xC0)?, dest_qp, self.resp.epsn), 16);
+                let repr = PacketRepr::new(
+                    BthRepr::new(Opcode::new(0xC0)?, dest_qp, self.resp.epsn),
+                    PsnBits::BYTES,
+                );
                 let head_len = Self::emit_head(&repr, buf, &bits.to_le_bytes())?;
                 return self.finish_packet(dst, &buf[..head_len], Vec::new(), 0, mem).ok();
             }

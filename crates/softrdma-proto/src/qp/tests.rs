@@ -392,9 +392,11 @@ fn requests_ahead_get_one_sequence_nak_and_duplicates_a_re_ack() {
 fn sack(t: &mut T, first_missing: u32, bits: u128) {
     let r = PacketRepr::new(
         BthRepr::new(Opcode::new(0xC0).unwrap(), Qpn::new(0x42), Psn::new(first_missing)),
-        16,
+        64,
     );
-    t.feed(&r, &bits.to_le_bytes());
+    let mut payload = [0u8; 64];
+    payload[..16].copy_from_slice(&bits.to_le_bytes());
+    t.feed(&r, &payload);
 }
 
 #[test]

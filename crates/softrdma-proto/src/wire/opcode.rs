@@ -69,8 +69,8 @@ pub enum Operation {
     /// The congestion notification packet, the only CNP operation.
     Cnp,
     /// softrdma's selective acknowledgement (vendor opcode 0xC0, RC): the BTH's PSN is the
-    /// first PSN the responder is missing (every earlier one was received), and the 16-byte
-    /// payload is a little-endian bitmap of the 128 PSNs after it, bit `i` set when PSN
+    /// first PSN the responder is missing (every earlier one was received), and the 64-byte
+    /// payload is a little-endian bitmap of the 512 PSNs after it, bit `i` set when PSN
     /// `psn + 1 + i` was received and is held for execution. Sent only between softrdma
     /// peers (see `QueuePair::set_selective`); never to Linux rxe or a NIC.
     Sack,
@@ -308,7 +308,7 @@ const UD_SEND_ONLY: Option<Entry> = e(O::SendOnly, "SEND_ONLY", &[H::Deth], P::U
 const UD_SEND_ONLY_IMM: Option<Entry> =
     e(O::SendOnlyWithImmediate, "SEND_ONLY_WITH_IMMEDIATE", &[H::Deth, H::ImmDt], P::UpToMtu, Pos::Only);
 const CNP: Option<Entry> = e(O::Cnp, "CNP", &[H::CnpReserved], P::None, Pos::Only);
-const SACK: Option<Entry> = e(O::Sack, "SOFTRDMA_SACK", &[], P::Exactly(16), Pos::Only);
+const SACK: Option<Entry> = e(O::Sack, "SOFTRDMA_SACK", &[], P::Exactly(64), Pos::Only);
 
 const fn lookup(code: u8) -> &'static Option<Entry> {
     match code {
@@ -494,7 +494,7 @@ mod tests {
         assert_eq!(sack.to_string(), "RC SOFTRDMA_SACK");
         assert_eq!(
             (sack.payload(), sack.headers(), sack.is_request()),
-            (P::Exactly(16), HeaderSet::EMPTY, false)
+            (P::Exactly(64), HeaderSet::EMPTY, false)
         );
     }
 
