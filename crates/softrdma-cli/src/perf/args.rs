@@ -121,6 +121,10 @@ pub struct PerfArgs {
     /// checked without the IPv4 Identification, and nothing goes to it in GSO trains.
     #[arg(long)]
     pub foreign: bool,
+    /// Send to the peer through this address (IP and UDP port) instead of the one it
+    /// gave: a `softrdma relay` that delays or drops on the way (RC and UC).
+    #[arg(long, value_name = "ADDR")]
+    pub via: Option<std::net::SocketAddr>,
     /// Sleep on a completion channel instead of busy-polling.
     #[arg(short = 'e', long)]
     pub events: bool,
@@ -449,6 +453,7 @@ pub(super) fn clone_args(a: &PerfArgs) -> PerfArgs {
         qps: a.qps,
         connection: a.connection,
         foreign: a.foreign,
+        via: a.via,
         events: a.events,
         inline: a.inline,
         tx_depth: a.tx_depth,

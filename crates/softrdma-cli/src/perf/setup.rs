@@ -193,6 +193,7 @@ impl<'a> Session<'a> {
             } else {
                 let foreign_peer = self.args.foreign;
                 let timeout = self.args.qp_timeout;
+                let remote = &EndpointInfo { addr: self.args.via.unwrap_or(remote.addr), ..*remote };
                 prepared.handshake(
                     remote,
                     &ConnectOptions { mtu, foreign_peer, timeout, ..ConnectOptions::default() },
