@@ -19,6 +19,8 @@ struct Log {
     sends: HashMap<u32, u32>,
     /// Each send: PSN, its copy number, and the virtual time.
     order: Vec<(u32, u32, std::time::Duration)>,
+    /// What node 1 sent: each PSN and how many times.
+    answers: HashMap<u32, u32>,
     packets: u64,
     lost: u64,
 }
@@ -32,7 +34,11 @@ impl Log {
 /// Steps the pair's simulation by hand (bounded); `drop_a` decides, for each datagram node
 /// 0 sends (its PSN and how many times that PSN was sent), whether the network loses it,
 /// and `drop_b` the same for node 1's answers.
-fn run(p: &mut Pair, mut drop_a: impl FnMut(u32, u32) -> bool, mut drop_b: impl FnMut() -> bool) -> Log {
+fn run(
+    p: &mut Pair,
+    mut drop_a: impl FnMut(u32, u32) -> bool,
+    mut drop_b: impl FnMut(u32, u32) -> bool,
+) -> Log {
     let mut log = Log::default();
     let mut buf = vec![0u8; 9000];
     let sim = &mut p.sim;
@@ -53,15 +59,17 @@ fn run(p: &mut Pair, mut drop_a: impl FnMut(u32, u32) -> bool, mut drop_b: impl 
             while let Some(t) = node.endpoint.poll_transmit(sim.now, &mut buf, &node.mem) {
                 let bytes = t.assemble(&buf, &node.mem);
                 busy = true;
+                let psn = Packet::new_checked(&bytes[..]).unwrap().bth().psn().get();
                 let lost = if i == 0 {
-                    let psn = Packet::new_checked(&bytes[..]).unwrap().bth().psn().get();
                     let n = log.sends.entry(psn).or_default();
                     *n += 1;
                     log.order.push((psn, *n, sim.now));
                     log.packets += 1;
                     drop_a(psn, *n)
                 } else {
-                    drop_b()
+                    let n = log.answers.entry(psn).or_default();
+                    *n += 1;
+                    drop_b(psn, *n)
                 };
                 if lost {
                     log.lost += u64::from(i == 0);
@@ -110,7 +118,8 @@ fn write_n_losing(n: usize, selective: bool, lost: &[u32]) -> Log {
         flags: signaled(),
         ud: None,
     });
-    let log = run(&mut p, |psn, n| n == 1 && lost.iter().any(|&k| psn == (FIRST + k) & 0xFF_FFFF), || false);
+    let log =
+        run(&mut p, |psn, n| n == 1 && lost.iter().any(|&k| psn == (FIRST + k) & 0xFF_FFFF), |_, _| false);
     let wc = p.sim.nodes[0].endpoint.qp_mut(p.qa).unwrap().poll_send_completion().expect("completion");
     assert!(wc.status.is_success(), "{wc:?}");
     assert_eq!(p.b_bytes()[OFF..OFF + len], p.a_bytes()[OFF..OFF + len]);
@@ -137,6 +146,42 @@ fn scattered_losses_are_resent_alone() {
     }
     assert_eq!(log.resent(), lost.len() as u64, "{:?}", log.sends);
     assert!(write_losing(false, &lost).resent() > 2 * lost.len() as u64);
+}
+
+/// Node 0 READs 40 responses' worth from node 1, whose responses at `lost` are dropped the
+/// first time; checks the bytes and returns the log.
+fn read_losing(selective: bool, lost: &[u32]) -> Log {
+    let mut p = Pair::with(1, Impairments::default(), params(selective));
+    let len = 40 * PMTU;
+    let rb = p.b.1;
+    p.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Read { remote_addr: B_BASE + OFF as u64, rkey: rb },
+        sg_list: sge(p.a.0, A_BASE, len),
+        flags: signaled(),
+        ud: None,
+    });
+    let log =
+        run(&mut p, |_, _| false, |psn, n| n == 1 && lost.iter().any(|&k| psn == (FIRST + k) & 0xFF_FFFF));
+    let wc = p.sim.nodes[0].endpoint.qp_mut(p.qa).unwrap().poll_send_completion().expect("completion");
+    assert!(wc.status.is_success(), "{wc:?}");
+    assert_eq!(p.a_bytes()[OFF..OFF + len], p.b_bytes()[OFF..OFF + len]);
+    log
+}
+
+#[test]
+fn lost_read_responses_are_asked_for_alone() {
+    // Two responses lost: each is asked for again on its own (one READ request for it),
+    // and the responder sends each once more; the rest are placed as they came.
+    let log = read_losing(true, &[5, 20]);
+    let again: u32 = log.answers.values().map(|n| n - 1).sum();
+    assert_eq!(again, 2, "{:?}", log.answers);
+    assert_eq!((log.answers[&(FIRST + 5)], log.answers[&(FIRST + 20)]), (2, 2));
+    assert_eq!(log.sends.values().sum::<u32>(), 3, "the READ and two requests for one response each");
+    // The IBTA's way asks for the rest of the message from the first lost response on.
+    let gbn = read_losing(false, &[5, 20]);
+    let again: u32 = gbn.answers.values().map(|n| n - 1).sum();
+    assert!(again >= 35, "go-back-N sent {again} responses again");
 }
 
 #[test]
@@ -188,7 +233,8 @@ fn mixed(seed: u64, selective: bool, per_mille: u64) -> Log {
         p.post_send(SendWr { wr_id: k, op, sg_list: sg, flags: signaled(), ud: None });
     }
     let mut loss_a = coin(seed, per_mille);
-    let log = run(&mut p, |_, _| loss_a(), coin(seed + 1, per_mille));
+    let mut loss_b = coin(seed + 1, per_mille);
+    let log = run(&mut p, |_, _| loss_a(), |_, _| loss_b());
     let mut c = 0;
     while let Some(wc) = p.sim.nodes[0].endpoint.qp_mut(p.qa).unwrap().poll_send_completion() {
         assert!(wc.status.is_success(), "seed {seed}: {wc:?}");

@@ -290,8 +290,12 @@ impl QueuePair {
             self.stats.dropped += 1;
             return;
         }
-        if d > 0 {
-            // Responses were lost: ask again for the missing tail.
+        // Between softrdma peers with selective recovery, responses past a gap are placed
+        // where they belong and remembered, and only the missing ones are asked for again
+        // (a READ request for that range, which a softrdma responder answers); towards
+        // anyone else, the IBTA's way: ask again for the rest of the message.
+        let selective = self.selective_peer();
+        if d > 0 && !(selective && (d as u32) < super::SACK_SPAN) {
             if self.req.go_back_guard != Some(expected) {
                 self.req.go_back_guard = Some(expected);
                 self.go_back_resend(expected);
@@ -300,33 +304,71 @@ impl QueuePair {
         }
         let data = pkt.payload();
         let len = data.len() as u32;
-        let remaining = w.len - w.read_done;
-        let fits = match pkt.opcode().payload() {
-            PayloadRule::Full => len == pmtu && len < remaining,
-            PayloadRule::NonEmpty | PayloadRule::UpToMtu => len <= pmtu && len == remaining,
-            _ => false,
+        let offset = psn.distance(w.first_psn) as u32 * pmtu;
+        let remaining = w.len - offset;
+        let fits = if selective {
+            // Any position: a range asked for again has its own FIRST and LAST.
+            len == remaining.min(pmtu) && len > 0 || len == 0 && remaining == 0 && d == 0
+        } else {
+            match pkt.opcode().payload() {
+                PayloadRule::Full => len == pmtu && len < remaining,
+                PayloadRule::NonEmpty | PayloadRule::UpToMtu => len <= pmtu && len == remaining,
+                _ => false,
+            }
         };
         if !fits {
             self.fail_front(WcStatus::BadRespErr);
             return;
         }
+        if d > 0 {
+            self.req.sync_read_seen(expected);
+            if self.req.read_seen.get(d as u32) {
+                self.stats.dropped += 1;
+                return;
+            }
+        }
         let sgl = w.sgl.clone();
-        let offset = u64::from(w.read_done);
-        if scatter(mem, self.cfg.pd, &sgl, offset, data).is_err() {
+        if scatter(mem, self.cfg.pd, &sgl, u64::from(offset), data).is_err() {
             self.fail_front(WcStatus::LocProtErr);
+            return;
+        }
+        if d > 0 {
+            self.req.read_seen.set(d as u32);
+            if self.req.go_back_guard != Some(expected) {
+                self.req.go_back_guard = Some(expected);
+                self.go_back_resend(expected);
+            }
             return;
         }
         let w = &mut self.sq[k];
         w.read_done += len;
-        let finished = w.read_done == w.len;
         if k > 0 {
-            w.answered = finished;
+            w.answered = w.read_done == w.len;
             return;
         }
-        self.req.acked_psn = psn;
+        // Responses that came ahead of this one follow it now.
+        let (first, total) = (w.first_psn, w.len);
+        let mut done = w.read_done;
+        if selective {
+            loop {
+                let next = first + done.div_ceil(pmtu);
+                self.req.sync_read_seen(next);
+                if done == total || !self.req.read_seen.get(0) {
+                    break;
+                }
+                done += (total - done).min(pmtu);
+            }
+            self.sq[k].read_done = done;
+        }
+        self.req.acked_psn = first + done.div_ceil(pmtu).max(1) - 1;
         self.req.go_back_guard = None;
-        if finished {
+        if done == total {
             self.complete_front(WcStatus::Success);
+        } else if selective && !self.req.read_seen.is_empty() {
+            // Another gap, with responses after it here already: ask for it now.
+            let expected = first + done / pmtu;
+            self.req.go_back_guard = Some(expected);
+            self.go_back_resend(expected);
         }
         self.progress(now);
     }

@@ -437,6 +437,12 @@ impl QueuePair {
         self.selective = on;
     }
 
+    /// Whether the peer is softrdma with selective recovery on: its READ responses are
+    /// taken out of order and only the missing ones asked for again.
+    fn selective_peer(&self) -> bool {
+        self.selective && !self.foreign_peer && self.cfg.qp_type == QpType::Rc
+    }
+
     /// Whether the responder holds early requests and sends SACKs.
     fn sends_sacks(&self) -> bool {
         self.selective && !self.foreign_peer && self.cfg.qp_type == QpType::Rc

@@ -112,6 +112,10 @@ pub(super) struct Requester {
     /// When the last PSN was resent on a SACK's word: a SACK a round trip later that
     /// still shows it missing means the resend was lost too.
     rexmit_at: Option<Duration>,
+    /// READ responses of the front READ that arrived ahead of its first missing one
+    /// (selective recovery), from `read_seen_base` (that missing PSN) on.
+    pub(super) read_seen: PsnBits,
+    pub(super) read_seen_base: Psn,
     /// Where to go back to before sending next (see `QueuePair::go_back`).
     pub(super) pending_back: Option<Psn>,
 }
@@ -158,6 +162,8 @@ impl Requester {
             reread: None,
             rexmit_at: None,
             pending_back: None,
+            read_seen: PsnBits::default(),
+            read_seen_base: sq_psn,
         }
     }
 
@@ -231,6 +237,18 @@ impl Requester {
             self.cut_to(1 << 15);
             self.loss_cuts += 1;
         }
+    }
+
+    /// Moves the bitmap of READ responses seen ahead to start at `base` (the front READ's
+    /// first missing response).
+    pub(super) fn sync_read_seen(&mut self, base: Psn) {
+        let d = base.distance(self.read_seen_base);
+        if d > 0 {
+            self.read_seen.shift_down(d as u32);
+        } else if d < 0 {
+            self.read_seen = PsnBits::default();
+        }
+        self.read_seen_base = base;
     }
 
     /// Moves the SACK bitmaps' base to the first unacknowledged PSN.
@@ -581,11 +599,15 @@ impl QueuePair {
                 let psn = w.first_psn + off / pmtu;
                 let mut r =
                     PacketRepr::new(BthRepr::new(opcode(Operation::RdmaReadRequest)?, dest_qp, psn), 0);
-                r.ext.reth = Some(RethRepr {
-                    va: remote_addr.wrapping_add(u64::from(off)),
-                    rkey,
-                    dma_len: w.len - off,
-                });
+                // Asked again with later responses already here (selective recovery): only
+                // up to the first of them.
+                let mut dma_len = w.len - off;
+                if i == 0 && self.req.read_seen_base == psn {
+                    if let Some(k) = self.req.read_seen.ones().next() {
+                        dma_len = dma_len.min(k.saturating_mul(pmtu));
+                    }
+                }
+                r.ext.reth = Some(RethRepr { va: remote_addr.wrapping_add(u64::from(off)), rkey, dma_len });
                 (r, psn, 0, true)
             }
             SendOp::CompareSwap { remote_addr, rkey, compare, swap } => {
