@@ -8,60 +8,10 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
+use common::netns::{may_make_namespaces, netns, ok, Lab};
 use common::{output, text, Proc, BIN};
 
 const LIMIT: Duration = Duration::from_secs(60);
-
-fn ok(cmd: &mut Command) -> String {
-    let o = output(cmd, LIMIT);
-    assert!(o.status.success(), "{cmd:?}: {}", text(&o));
-    text(&o)
-}
-
-fn ip(args: &[&str]) -> String {
-    ok(Command::new("ip").args(args))
-}
-
-/// In a namespace.
-fn netns(ns: &str, args: &[&str]) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns]).args(args);
-    c
-}
-
-/// Two namespaces and a veth between them, removed when dropped.
-struct Lab {
-    a: String,
-    b: String,
-}
-
-impl Lab {
-    fn new(tag: &str) -> Lab {
-        let id = std::process::id() % 100_000;
-        let (a, b) = (format!("ipoib{tag}a{id}"), format!("ipoib{tag}b{id}"));
-        let (va, vb) = (format!("v{tag}a{id}"), format!("v{tag}b{id}"));
-        let lab = Lab { a: a.clone(), b: b.clone() };
-        ip(&["netns", "add", &a]);
-        ip(&["netns", "add", &b]);
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
-        ip(&["link", "set", &va, "netns", &a]);
-        ip(&["link", "set", &vb, "netns", &b]);
-        for (ns, dev, addr) in [(&a, &va, "10.201.0.1/24"), (&b, &vb, "10.201.0.2/24")] {
-            ip(&["-n", ns, "addr", "add", addr, "dev", dev]);
-            ip(&["-n", ns, "link", "set", dev, "up"]);
-            ip(&["-n", ns, "link", "set", "lo", "up"]);
-        }
-        lab
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for ns in [&self.a, &self.b] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
-    }
-}
 
 fn can_run() -> bool {
     // SAFETY: geteuid cannot fail.
@@ -78,9 +28,7 @@ fn can_run() -> bool {
         return false;
     }
     let tun = std::path::Path::new("/dev/net/tun").exists();
-    let probe = format!("ipoibprobe{}", std::process::id());
-    let netns = Command::new("ip").args(["netns", "add", &probe]).output().is_ok_and(|o| o.status.success());
-    let _ = Command::new("ip").args(["netns", "del", &probe]).output();
+    let netns = may_make_namespaces();
     if !(tun && netns) {
         eprintln!("skipped: this machine gives no /dev/net/tun ({tun}) or no network namespaces ({netns})");
         return false;

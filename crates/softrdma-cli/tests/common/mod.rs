@@ -14,6 +14,8 @@
 // Each test binary uses its own part of this module.
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Output, Stdio};
