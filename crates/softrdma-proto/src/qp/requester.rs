@@ -284,13 +284,30 @@ impl Requester {
     /// acknowledged, less those a SACK says the peer holds (RFC 6675's pipe, but for
     /// what is lost: a lost packet is resent as soon as a SACK shows it, so it stays
     /// counted).
-    pub(super) fn pipe(&mut self) -> u32 {
-        let inflight = self.inflight();
+    pub(super) fn pipe(&self) -> u32 {
+        self.not_held(self.inflight())
+    }
+
+    /// Of the first `n` PSNs after the last acknowledged one, how many no SACK says the
+    /// peer holds.
+    fn not_held(&self, n: u32) -> u32 {
         if !self.sack_peer {
-            return inflight;
+            return n;
         }
-        self.sync_sack();
-        inflight - self.sacked.count_below(inflight).min(inflight)
+        // The bitmaps may not have followed the acknowledgements yet (see `sync_sack`).
+        let lo = (self.acked_psn + 1).distance(self.sack_base);
+        if lo < 0 {
+            return n;
+        }
+        let lo = lo as u32;
+        let held = self.sacked.count_below(lo.saturating_add(n)) - self.sacked.count_below(lo);
+        n - held.min(n)
+    }
+
+    /// PSNs sent and not acknowledged that no SACK says the peer holds.
+    pub(super) fn unheld(&self) -> u32 {
+        let sent = self.max_sent.distance(self.acked_psn).max(0) as u32;
+        self.not_held(sent)
     }
 
     /// Whether resending `psn` can be skipped: the peer holds it (or, for a READ, held
@@ -451,8 +468,12 @@ impl QueuePair {
         // ACKs that move the cumulative point (long while a gap is repaired) says nothing
         // of how late the peer is.
         let ack_gap = if self.req.sack_peer { Duration::ZERO } else { 2 * self.req.ack_gap };
+        // The floor keeps a busy machine's scheduling delays from passing for losses; it
+        // is lower when the probe would resend a few packets only (every other one held
+        // by a SACK peer): a spurious one costs little, a late one a stalled window.
+        let floor = if self.req.sack_peer && self.req.unheld() <= 4 { 10 } else { 50 };
         let base = match self.req.srtt {
-            Some(srtt) => (srtt + 4 * self.req.rttvar).max(ack_gap).max(Duration::from_micros(50)),
+            Some(srtt) => (srtt + 4 * self.req.rttvar).max(ack_gap).max(Duration::from_micros(floor)),
             None => cap,
         };
         Some(base.saturating_mul(1u32 << self.req.probes.min(16)).min(cap))
