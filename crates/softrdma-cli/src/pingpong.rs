@@ -406,16 +406,19 @@ fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
         early: Default::default(),
     };
     let start = Instant::now();
-    for i in 0..args.iters {
-        if client {
-            run.send(i, 0)?;
-            run.receive(i, 1)?;
-        } else {
-            run.receive(i, 0)?;
-            run.send(i, 1)?;
+    let exchange = |run: &mut Run<'_>| -> Result<(), Failure> {
+        for i in 0..args.iters {
+            if client {
+                run.send(i, 0)?;
+                run.receive(i, 1)?;
+            } else {
+                run.receive(i, 0)?;
+                run.send(i, 1)?;
+            }
         }
-    }
-    run.drain_sends()?;
+        run.drain_sends()
+    };
+    exchange(&mut run).map_err(|e| with_oversize_hint(e, &ctx))?;
     let secs = start.elapsed().as_secs_f64();
     if !ud {
         // The peer may still be waiting for our ACK of its last message (lost on the way):
@@ -432,6 +435,18 @@ fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
         secs * 1e6 / args.iters.max(1) as f64
     );
     Ok(())
+}
+
+/// `e`, and what the device saw that explains it: datagrams the kernel refused as larger
+/// than the path allows (the usual cause of RETRY_EXC_ERR on a new path).
+fn with_oversize_hint(e: Failure, ctx: &Context) -> Failure {
+    match ctx.io_stats().oversize {
+        0 => e,
+        n => format!(
+            "{e}; {n} datagrams were refused by the kernel as larger than the path allows: \
+             the path MTU (-m) is above what the link carries (1024 for a 1500-byte Ethernet MTU)"
+        ),
+    }
 }
 
 fn post_recv_slot(rx: &MemoryRegion, slot: usize, k: usize, qp: &impl PostRecv) -> Result<(), Failure> {

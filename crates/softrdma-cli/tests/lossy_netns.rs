@@ -3,8 +3,9 @@
 //! alike), and `softrdma pingpong` trading 64 KiB messages across it, checking every byte —
 //! with selective recovery (what two softrdma peers use) and with go-back-N only
 //! (`SOFTRDMA_SELECTIVE=0`, what an rxe peer gets). The rule counts what it drops, so the
-//! test knows the loss was real. Needs root, ip and nft: skipped with a message without
-//! them, except under CI, where they are there.
+//! test knows the loss was real. And a path MTU above what the veth carries: the error
+//! names the cause. Needs root, ip and nft: skipped with a message without them, except
+//! under CI, where they are there.
 
 mod common;
 
@@ -95,4 +96,26 @@ fn rc_keeps_every_byte_across_five_percent_loss_both_ways() {
             out.lines().last().unwrap_or("")
         );
     }
+}
+
+#[test]
+fn a_path_mtu_above_the_link_s_fails_naming_the_cause() {
+    // RoCE MTU 4096 needs datagrams of 4,154 bytes; the veth carries 1,500. The kernel
+    // refuses every full packet (EMSGSIZE), the SEND runs out of retries, and the error
+    // says why instead of leaving a bare RETRY_EXC_ERR.
+    if !can_run() {
+        return;
+    }
+    let lab = Lab::new("mt");
+    let common = ["-n", "3", "-s", "8192", "-m", "4096", "-p", "18531"];
+    let mut server = netns(&lab.b, &[BIN, "pingpong", "--bind", "10.201.0.2"]);
+    server.args(common);
+    let _server = Proc::start(&mut server, LIMIT);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut client = netns(&lab.a, &[BIN, "pingpong", "--bind", "10.201.0.1"]);
+    client.args(common).arg("10.201.0.2");
+    let c = output(&mut client, LIMIT);
+    let said = text(&c);
+    assert!(!c.status.success(), "{said}");
+    assert!(said.contains("RetryExcErr") && said.contains("larger than the path allows"), "{said}");
 }

@@ -110,6 +110,10 @@ pub struct IoStats {
     pub packets_received: u64,
     /// Received GRO trains of two or more packets.
     pub gro_trains: u64,
+    /// Datagrams the kernel refused as larger than the path allows (`EMSGSIZE`): a QP's
+    /// path MTU is above what the link carries (a 1500-byte Ethernet MTU carries RoCE
+    /// MTU 1024 at most), and its packets are lost until it is lowered.
+    pub oversize: u64,
 }
 
 #[derive(Debug, Default)]
@@ -120,6 +124,7 @@ struct IoCounters {
     recv_calls: AtomicU64,
     packets_received: AtomicU64,
     gro_trains: AtomicU64,
+    oversize: AtomicU64,
 }
 
 /// An asynchronous event (`ibv_async_event`).
@@ -616,6 +621,7 @@ impl Engine {
             recv_calls: g(&c.recv_calls),
             packets_received: g(&c.packets_received),
             gro_trains: g(&c.gro_trains),
+            oversize: g(&c.oversize),
         }
     }
 
@@ -1033,6 +1039,15 @@ impl Engine {
             let sent = unsafe { link.send(msgs) };
             if sent.gso_refused {
                 link.disable_gso();
+            }
+            if sent.too_big > 0 {
+                let before = self.io.oversize.fetch_add(sent.too_big as u64, Ordering::Relaxed);
+                if before == 0 {
+                    tracing::warn!(
+                        "the kernel refused a datagram as larger than the path allows (EMSGSIZE): \
+                         a QP's path MTU is above what the link carries; lower it"
+                    );
+                }
             }
             self.io.send_calls.fetch_add(1, Ordering::Relaxed);
             self.io.gso_trains.fetch_add(trains, Ordering::Relaxed);

@@ -176,7 +176,7 @@ impl Link for UdpLink {
     }
 
     unsafe fn send(&mut self, msgs: &mut [OutMsg]) -> Sent {
-        let mut total = Sent { sent: 0, gso_refused: false };
+        let mut total = Sent::default();
         let mut at = 0;
         while at < msgs.len() {
             let k = self.socket_for(msgs[at].src);
@@ -185,6 +185,7 @@ impl Link for UdpLink {
             let sent = unsafe { sys::send_batch(self.sockets[k].0.as_raw_fd(), &mut msgs[at..at + run]) };
             total.sent += sent.sent;
             total.gso_refused |= sent.gso_refused;
+            total.too_big += sent.too_big;
             at += run;
         }
         total
@@ -437,7 +438,7 @@ impl Link for MemoryLink {
             }
         }
         net.pump();
-        Sent { sent: msgs.len(), gso_refused: false }
+        Sent { sent: msgs.len(), ..Sent::default() }
     }
 
     fn gso(&self) -> bool {

@@ -205,11 +205,15 @@ const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
 
 /// What a batch send did.
+#[derive(Default)]
 pub(crate) struct Sent {
     /// Messages the kernel took.
     pub(crate) sent: usize,
     /// A GSO message was refused: the caller should stop using GSO.
     pub(crate) gso_refused: bool,
+    /// Datagrams refused as larger than the path allows (`EMSGSIZE`: the QP's path MTU is
+    /// above what the link carries).
+    pub(crate) too_big: usize,
 }
 
 /// Sends `msgs` with as few `sendmmsg` calls as possible. A datagram the kernel refuses
@@ -265,7 +269,7 @@ pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> Sent {
             libc::mmsghdr { msg_hdr: h, msg_len: 0 }
         })
         .collect();
-    let mut out = Sent { sent: 0, gso_refused: false };
+    let mut out = Sent::default();
     let mut at = 0;
     while at < hdrs.len() {
         // SAFETY: hdrs[at..] are valid mmsghdrs whose names, controls and iovecs point into
@@ -277,6 +281,9 @@ pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> Sent {
             let e = io::Error::last_os_error().raw_os_error();
             if msgs[at].gso.is_some() && matches!(e, Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT)) {
                 out.gso_refused = true;
+            }
+            if e == Some(libc::EMSGSIZE) {
+                out.too_big += 1;
             }
             // Skip the datagram the kernel refused and go on with the rest.
             at += 1;
