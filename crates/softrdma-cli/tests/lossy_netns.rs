@@ -89,8 +89,8 @@ fn rc_keeps_every_byte_across_five_percent_loss_both_ways() {
         let lost = dropped(&lab.a) + dropped(&lab.b) - before;
         // 100 round trips of 64 packets each way (the veth's 1500-byte MTU gives a path
         // MTU of 1024); a GSO train reaches the rule as one GRO aggregate, dropped whole,
-        // so a few hundred drop decisions, 5 % of them drops (about 30 in a run).
-        assert!(lost >= 10, "SOFTRDMA_SELECTIVE={selective}: only {lost} datagrams dropped");
+        // so a few hundred drop decisions, 5 % of them drops (16 to 46 in runs here).
+        assert!(lost >= 5, "SOFTRDMA_SELECTIVE={selective}: only {lost} datagrams dropped");
         eprintln!(
             "SOFTRDMA_SELECTIVE={selective}: {lost} datagrams dropped; {}",
             out.lines().last().unwrap_or("")
