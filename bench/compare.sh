@@ -69,6 +69,7 @@ fi
 rate=$(perf send_bw -s 2 -D "$DUR" | json msg_rate_mpps) || rate=""
 udp_rate=$("$PROBE" rate "$DUR" 20 | awk '{print $2}')
 udp_rate_gso=$("$PROBE" rate-gso "$DUR" 20 | awk '{print $2}')
+udp_rate_uring=$("$PROBE" rate-uring "$DUR" 20 | awk '{print $2}') || udp_rate_uring=""
 
 # Idle CPU of an event-mode process: a device, a connected QP, nothing to do, 10 s.
 ( sleep 12 | "$SR" memserver --bind 127.0.0.9 >/dev/null 2>&1 & )
@@ -81,12 +82,13 @@ idle_cpu=$(python3 -c "print(round(100*($t1-$t0)/$(getconf CLK_TCK)/10,2))")
 
 python3 - "$lat_busy" "$lat_event" "$udp_lat" "$ucx_lat" "$write_bw" "$send_bw" "$udp_bw" "$ucx_bw" "$iperf_bw" \
   "$rate" "$udp_rate" "$udp_rate_gso" "$idle_cpu" "$busy_p99" "$busy_p999" "$event_p99" "$event_p999" \
-  "$udp_p99" "$udp_p999" "${event_user:-}" "${event_sys:-}" "$udp_wait" "$udp_wait_p99" "$udp_wait_p999" <<'PY'
+  "$udp_p99" "$udp_p999" "${event_user:-}" "${event_sys:-}" "$udp_wait" "$udp_wait_p99" "$udp_wait_p999" \
+  "$udp_rate_uring" <<'PY'
 import sys
 v = [float(x) if x not in ("", "None") else None for x in sys.argv[1:]]
 (lat_busy, lat_event, udp_lat, ucx_lat, write_bw, send_bw, udp_bw, ucx_bw, iperf_bw, rate, udp_rate, udp_rate_gso,
  idle, busy_p99, busy_p999, event_p99, event_p999, udp_p99, udp_p999, event_user, event_sys,
- udp_wait, udp_wait_p99, udp_wait_p999) = v
+ udp_wait, udp_wait_p99, udp_wait_p999, udp_rate_uring) = v
 f = lambda x, d=2: "skipped" if x is None else f"{x:.{d}f}"
 r = lambda a, b: None if a is None or b is None or b == 0 else a / b
 print("| measure | softrdma | baseline | value | ratio |")
@@ -103,6 +105,7 @@ rows = [
     ("", "send_bw", send_bw, "iperf3 (TCP)", iperf_bw),
     ("message rate, 2 B, Mpps", "send_bw -s 2", rate, "raw UDP, 20 B datagrams in GSO trains, GRO", udp_rate_gso),
     ("", "send_bw -s 2", rate, "raw UDP, 20 B, sendmmsg/recvmmsg", udp_rate),
+    ("", "raw UDP, sendmmsg/recvmmsg", udp_rate, "raw UDP, 20 B, io_uring SENDMSG/RECVMSG", udp_rate_uring),
 ]
 for m, what, a, base, b in rows:
     print(f"| {m} | {what}: {f(a)} | {base} | {f(b)} | {f(r(a, b))} |")

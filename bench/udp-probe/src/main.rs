@@ -14,7 +14,11 @@
 //!   datagrams per second, batched as softrdma batches a stream of small messages (GSO
 //!   trains out, GRO trains in), the fair message-rate baseline;
 //! - `rate SECONDS SIZE`: SIZE-byte datagrams, one message each, with sendmmsg and
-//!   recvmmsg in batches of 64; prints millions of datagrams per second delivered.
+//!   recvmmsg in batches of 64; prints millions of datagrams per second delivered;
+//! - `rate-uring SECONDS SIZE`: the same batches through io_uring instead: 64 SENDMSG
+//!   entries per `io_uring_enter`, and 64 RECVMSG entries kept posted on the receiver
+//!   (one system call per batch either way: what io_uring could save softrdma is the
+//!   system calls, not the per-datagram work in the kernel).
 //!
 //! Output is one line `name value unit`, for `bench/compare.sh`.
 
@@ -185,6 +189,80 @@ fn rate(secs: f64, size: usize) {
     println!("udp_packet_rate {:.3} Mpps", count.load(Ordering::Relaxed) as f64 / elapsed / 1e6);
 }
 
+/// A msghdr over one iovec of `buf`.
+fn msghdr_for(iov: &mut libc::iovec) -> libc::msghdr {
+    // SAFETY: msghdr is plain old data; all-zero is valid before we fill it in.
+    let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+    h.msg_iov = iov;
+    h.msg_iovlen = 1;
+    h
+}
+
+fn rate_uring(secs: f64, size: usize) {
+    use io_uring::{opcode, types, IoUring};
+    let (a, b) = pair();
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let (s2, c2) = (stop.clone(), count.clone());
+    let rx = std::thread::spawn(move || {
+        let mut ring = IoUring::new(2 * BATCH as u32).expect("io_uring");
+        let mut bufs = vec![vec![0u8; 2048]; BATCH];
+        let mut iovs: Vec<libc::iovec> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() })
+            .collect();
+        let mut hdrs: Vec<libc::msghdr> = iovs.iter_mut().map(msghdr_for).collect();
+        let fd = types::Fd(b.as_raw_fd());
+        let post = |ring: &mut IoUring, hdrs: &mut [libc::msghdr], k: usize| {
+            let e = opcode::RecvMsg::new(fd, &mut hdrs[k]).build().user_data(k as u64);
+            // SAFETY: the header, its iovec and buffer live until the ring is dropped,
+            // after the last completion is taken or the thread ends.
+            unsafe { ring.submission().push(&e).expect("room in the ring") };
+        };
+        for k in 0..BATCH {
+            post(&mut ring, &mut hdrs, k);
+        }
+        while !s2.load(Ordering::Relaxed) {
+            ring.submit_and_wait(1).expect("io_uring_enter");
+            let done: Vec<(usize, i32)> =
+                ring.completion().map(|c| (c.user_data() as usize, c.result())).collect();
+            let got = done.iter().filter(|(_, r)| *r > 0).count();
+            c2.fetch_add(got as u64, Ordering::Relaxed);
+            for (k, _) in done {
+                post(&mut ring, &mut hdrs, k);
+            }
+        }
+        drop(ring);
+        drop(bufs);
+    });
+    let mut ring = IoUring::new(2 * BATCH as u32).expect("io_uring");
+    let mut bufs = vec![vec![3u8; size]; BATCH];
+    let mut iovs: Vec<libc::iovec> =
+        bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }).collect();
+    let hdrs: Vec<libc::msghdr> = iovs.iter_mut().map(msghdr_for).collect();
+    let fd = types::Fd(a.as_raw_fd());
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < secs {
+        for (k, h) in hdrs.iter().enumerate() {
+            let e = opcode::SendMsg::new(fd, h).build().user_data(k as u64);
+            // SAFETY: the headers and buffers outlive the batch, which is waited for below.
+            unsafe { ring.submission().push(&e).expect("room in the ring") };
+        }
+        ring.submit_and_wait(BATCH).expect("io_uring_enter");
+        ring.completion().for_each(drop);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(50));
+    stop.store(true, Ordering::Relaxed);
+    // Wake the receiver, which may be waiting in the ring, until it sees the flag.
+    while !rx.is_finished() {
+        let _ = a.send(&[0u8; 1]);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    rx.join().unwrap();
+    println!("udp_packet_rate_uring {:.3} Mpps", count.load(Ordering::Relaxed) as f64 / elapsed / 1e6);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let num = |i: usize, d: f64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
@@ -194,10 +272,11 @@ fn main() {
         Some("bw") => bw(num(1, 3.0), num(2, 4096.0) as usize),
         Some("rate") => rate(num(1, 3.0), num(2, 20.0) as usize),
         Some("rate-gso") => rate_gso(num(1, 3.0), num(2, 20.0) as usize),
+        Some("rate-uring") => rate_uring(num(1, 3.0), num(2, 20.0) as usize),
         _ => {
             eprintln!(
                 "usage: udp-probe pingpong [N] [SIZE] | pingpong-wait [N] [SIZE] | bw [SECONDS] [SEGMENT] | rate [SECONDS] [SIZE] \
-                 | rate-gso [SECONDS] [SIZE]"
+                 | rate-gso [SECONDS] [SIZE] | rate-uring [SECONDS] [SIZE]"
             );
             std::process::exit(2);
         }
