@@ -370,11 +370,14 @@ impl CompletionChannel {
         loop {
             let (cq, mode) = {
                 let mut events = self.shared.events.lock().unwrap_or_else(|p| p.into_inner());
-                let ev = events.pop_front();
+                // The fd is readable exactly while an event waits (it is signalled under
+                // this lock as each is queued): clear it when the last one is taken, and
+                // spend no system call when there was none.
+                let ev = events.pop_front()?;
                 if events.is_empty() {
                     self.shared.efd.drain();
                 }
-                ev?
+                ev
             };
             if cq.is_empty() {
                 // Re-arm, then look again: a completion that landed in between is either
