@@ -439,7 +439,7 @@ fn pingpong(args: &PingPongArgs) -> Result<(), Failure> {
 
 /// `e`, and what the device saw that explains it: datagrams the kernel refused as larger
 /// than the path allows (the usual cause of RETRY_EXC_ERR on a new path).
-fn with_oversize_hint(e: Failure, ctx: &Context) -> Failure {
+pub(crate) fn with_oversize_hint(e: Failure, ctx: &Context) -> Failure {
     match ctx.io_stats().oversize {
         0 => e,
         n => format!(

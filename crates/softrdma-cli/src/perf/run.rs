@@ -46,7 +46,8 @@ impl Session<'_> {
         loop {
             if let Some(wc) = self.cq.poll_one() {
                 if wc.status != WcStatus::Success {
-                    return Err(format!("completion with error: {:?} ({:?})", wc.status, wc.opcode));
+                    let e = format!("completion with error: {:?} ({:?})", wc.status, wc.opcode);
+                    return Err(crate::pingpong::with_oversize_hint(e, &self.ctx));
                 }
                 return Ok(wc);
             }
@@ -59,7 +60,7 @@ impl Session<'_> {
                     return if wc.status == WcStatus::Success {
                         Ok(wc)
                     } else {
-                        Err(format!("{:?}", wc.status))
+                        Err(crate::pingpong::with_oversize_hint(format!("{:?}", wc.status), &self.ctx))
                     };
                 }
                 // Bounded, so that a lost message ends the run with an error, not a hang.
