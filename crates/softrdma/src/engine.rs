@@ -1104,7 +1104,9 @@ impl Engine {
     /// planned to wake up.
     fn nudge(&self, core: &mut Core) {
         let Some(deadline) = core.endpoint.poll_timeout() else { return };
-        if ns(deadline) < self.sleeping_until.load(Ordering::Acquire) {
+        // Lowered first: a progress thread that wakes and finds the link watched plans its
+        // next nap from it without a pass (see `run`).
+        if ns(deadline) < self.sleeping_until.fetch_min(ns(deadline), Ordering::AcqRel) {
             self.wake.signal();
         }
     }
@@ -1143,19 +1145,29 @@ impl Engine {
     pub(crate) fn run(self: Arc<Self>) {
         let mut fds = self.link_fds.clone();
         fds.push(self.wake.as_raw_fd());
+        // The last pass found no link wake-up to plan for (the memory network's delayed
+        // datagrams), and this wake-up needs no pass (see below).
+        let mut link_quiet = false;
+        let mut skip = false;
         while !self.stop.load(Ordering::Acquire) {
-            let timeout = {
+            let timeout = if skip {
+                // Back to the nap, until the earliest deadline known.
+                let until = self.sleeping_until.load(Ordering::Acquire);
+                (until != u64::MAX).then(|| Duration::from_nanos(until.saturating_sub(ns(self.now()))))
+            } else {
                 let mut core = self.lock();
                 self.progress(&mut core);
                 let next = core.endpoint.poll_timeout();
                 self.sleeping_until.store(next.map_or(u64::MAX, ns), Ordering::Release);
                 let link_wake = core.link.next_wake();
+                link_quiet = link_wake.is_none();
                 let proto = next.map(|t| t.saturating_sub(self.now()));
                 match (proto, link_wake) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 }
             };
+            skip = false;
             self.deliver_cm();
             let now = ns(self.now());
             let watched = self.app_watching.load(Ordering::Acquire) > 0;
@@ -1173,6 +1185,14 @@ impl Engine {
                     let _ = sys::wait_readable([self.wake.as_raw_fd()], Some(nap));
                 }
                 self.napping.store(false, Ordering::SeqCst);
+                // Woken by a watcher that left (an event-mode thread returning with its
+                // event) and is back watching already, with no timer due: the link is
+                // watched, nothing needs this thread; nap again without taking the engine
+                // lock or looking at the link (in a ping-pong that is every message).
+                skip = watched
+                    && link_quiet
+                    && self.app_watching.load(Ordering::SeqCst) > 0
+                    && ns(self.now()) < self.sleeping_until.load(Ordering::Acquire);
             } else {
                 // Never sleep longer than MAX_SLEEP, so that a timer armed later without a
                 // nudge (a far one) still fires on time.
