@@ -16,18 +16,11 @@ cd "$(dirname "$0")/.."
 t=${1:-8}
 [ -n "${SOFTRDMA_BIN:-}" ] || cargo build --release -q -p softrdma-cli
 S=${SOFTRDMA_BIN:-$PWD/target/release/softrdma}
-id=$$
-A=bn-a$id B=bn-b$id
-cleanup() { ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; }
-trap cleanup EXIT
-ip netns add "$A"; ip netns add "$B"
-ip link add "ba$id" type veth peer name "bb$id"
-ip link set "ba$id" netns "$A"; ip link set "bb$id" netns "$B"
-for k in 1 3; do ip -n "$A" addr add 10.204.0.$k/24 dev "ba$id"; done
-for k in 2 4; do ip -n "$B" addr add 10.204.0.$k/24 dev "bb$id"; done
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
-ip -n "$A" link set "ba$id" up; ip -n "$B" link set "bb$id" up
-ip netns exec "$A" tc qdisc add dev "ba$id" root tbf rate 1gbit burst 256kb limit 1mb
+. bench/netns-lib.sh
+veth_pair bn 10.204.0
+# A second address each side, for the second flow.
+ip -n "$A" addr add 10.204.0.3/24 dev "$DA"; ip -n "$B" addr add 10.204.0.4/24 dev "$DB"
+ip netns exec "$A" tc qdisc add dev "$DA" root tbf rate 1gbit burst 256kb limit 1mb
 
 marks() { # on|off
   ip netns exec "$B" nft flush ruleset
@@ -37,7 +30,7 @@ marks() { # on|off
     ip netns exec "$B" nft add rule inet bn pre udp dport 4791 limit rate over 112 mbytes/second ip ecn set ce
   fi
 }
-drops() { ip netns exec "$A" tc -s qdisc show dev "ba$id" | awk '/dropped/ {gsub(",", "", $7); print $7; exit}'; }
+drops() { ip netns exec "$A" tc -s qdisc show dev "$DA" | awk '/dropped/ {gsub(",", "", $7); print $7; exit}'; }
 # A ping through the bottleneck for $1 seconds; prints the p99 round trip in ms.
 pings() { ip netns exec "$A" timeout $(($1 + 2)) ping -i 0.01 -w "$1" 10.204.0.2 2>/dev/null |
   python3 -c '
@@ -60,7 +53,7 @@ two_flows() {
   out1=$(mktemp); out2=$(mktemp)
   flow 1 2 19561 >"$out1" & f1=$!
   flow 3 4 19562 >"$out2" & f2=$!
-  sleep 2; p=$(pings $((t - 3)))
+  sleep 2; p=$(pings $((t > 4 ? t - 3 : 1)))
   wait $f1 $f2
   local a b; a=$(cat "$out1"); b=$(cat "$out2"); rm -f "$out1" "$out2"
   printf '%-36s %8s %8s %8s %10s %12s\n' "$1" "$a" "$b" "$(jain "$a" "$b")" "$(($(drops) - d0))" "$p"

@@ -11,16 +11,8 @@ cd "$(dirname "$0")/.."
 t=${1:-4}
 [ -n "${SOFTRDMA_BIN:-}" ] || cargo build --release -q -p softrdma-cli
 S=${SOFTRDMA_BIN:-$PWD/target/release/softrdma}
-id=$$
-A=ecn-a$id B=ecn-b$id
-cleanup() { ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; }
-trap cleanup EXIT
-ip netns add "$A"; ip netns add "$B"
-ip link add "ea$id" type veth peer name "eb$id"
-ip link set "ea$id" netns "$A"; ip link set "eb$id" netns "$B"
-ip -n "$A" addr add 10.203.0.1/24 dev "ea$id"; ip -n "$B" addr add 10.203.0.2/24 dev "eb$id"
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
-ip -n "$A" link set "ea$id" up; ip -n "$B" link set "eb$id" up
+. bench/netns-lib.sh
+veth_pair ecn 10.203.0
 wbw() {
   ip netns exec "$B" timeout $((t + 30)) "$S" perf write_bw -s 65536 -D "$t" -d 10.203.0.2 -p 19556 >/dev/null 2>&1 &
   sleep 0.7

@@ -10,15 +10,8 @@ t=${1:-5}
 cargo build --release -q -p softrdma-cli
 S=$PWD/target/release/softrdma
 id=$$
-A=ipbench-a$id B=ipbench-b$id
-cleanup() { ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; }
-trap cleanup EXIT
-ip netns add "$A"; ip netns add "$B"
-ip link add "va$id" type veth peer name "vb$id"
-ip link set "va$id" netns "$A"; ip link set "vb$id" netns "$B"
-ip -n "$A" addr add 10.201.0.1/24 dev "va$id"; ip -n "$B" addr add 10.201.0.2/24 dev "vb$id"
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
-ip -n "$A" link set "va$id" up; ip -n "$B" link set "vb$id" up
+. bench/netns-lib.sh
+veth_pair ipbench 10.201.0
 
 gbps() { # client-ns server-address
   ip netns exec "$B" timeout $((t + 20)) iperf3 -s -1 -B "$2" >/dev/null 2>&1 &

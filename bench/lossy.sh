@@ -11,16 +11,8 @@ cd "$(dirname "$0")/.."
 t=${1:-4}
 cargo build --release -q -p softrdma-cli
 S=${SOFTRDMA_BIN:-$PWD/target/release/softrdma}
-id=$$
-A=lossy-a$id B=lossy-b$id
-cleanup() { ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; }
-trap cleanup EXIT
-ip netns add "$A"; ip netns add "$B"
-ip link add "la$id" type veth peer name "lb$id"
-ip link set "la$id" netns "$A"; ip link set "lb$id" netns "$B"
-ip -n "$A" addr add 10.202.0.1/24 dev "la$id"; ip -n "$B" addr add 10.202.0.2/24 dev "lb$id"
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
-ip -n "$A" link set "la$id" up; ip -n "$B" link set "lb$id" up
+. bench/netns-lib.sh
+veth_pair lossy 10.202.0
 
 loss() { # per mille, both directions
   for ns in "$A" "$B"; do

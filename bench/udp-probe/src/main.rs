@@ -140,18 +140,9 @@ fn gso_stream(secs: f64, seg: usize) -> (u64, f64) {
 const BATCH: usize = 64;
 
 fn mmsg(fd: i32, bufs: &mut [Vec<u8>], send: bool) -> isize {
-    let mut iovs: Vec<libc::iovec> =
-        bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }).collect();
-    let mut hdrs: Vec<libc::mmsghdr> = iovs
-        .iter_mut()
-        .map(|iov| {
-            // SAFETY: msghdr is plain old data.
-            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-            h.msg_iov = iov;
-            h.msg_iovlen = 1;
-            libc::mmsghdr { msg_hdr: h, msg_len: 0 }
-        })
-        .collect();
+    let mut iovs = iovecs(bufs);
+    let mut hdrs: Vec<libc::mmsghdr> =
+        iovs.iter_mut().map(|iov| libc::mmsghdr { msg_hdr: msghdr_for(iov), msg_len: 0 }).collect();
     // SAFETY: headers point at live iovecs and buffers for the duration of the call.
     unsafe {
         if send {
@@ -189,7 +180,12 @@ fn rate(secs: f64, size: usize) {
     println!("udp_packet_rate {:.3} Mpps", count.load(Ordering::Relaxed) as f64 / elapsed / 1e6);
 }
 
-/// A msghdr over one iovec of `buf`.
+/// One iovec over each buffer.
+fn iovecs(bufs: &mut [Vec<u8>]) -> Vec<libc::iovec> {
+    bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }).collect()
+}
+
+/// A msghdr over the one iovec `iov`.
 fn msghdr_for(iov: &mut libc::iovec) -> libc::msghdr {
     // SAFETY: msghdr is plain old data; all-zero is valid before we fill it in.
     let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -207,10 +203,7 @@ fn rate_uring(secs: f64, size: usize) {
     let rx = std::thread::spawn(move || {
         let mut ring = IoUring::new(2 * BATCH as u32).expect("io_uring");
         let mut bufs = vec![vec![0u8; 2048]; BATCH];
-        let mut iovs: Vec<libc::iovec> = bufs
-            .iter_mut()
-            .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() })
-            .collect();
+        let mut iovs = iovecs(&mut bufs);
         let mut hdrs: Vec<libc::msghdr> = iovs.iter_mut().map(msghdr_for).collect();
         let fd = types::Fd(b.as_raw_fd());
         let post = |ring: &mut IoUring, hdrs: &mut [libc::msghdr], k: usize| {
@@ -237,8 +230,7 @@ fn rate_uring(secs: f64, size: usize) {
     });
     let mut ring = IoUring::new(2 * BATCH as u32).expect("io_uring");
     let mut bufs = vec![vec![3u8; size]; BATCH];
-    let mut iovs: Vec<libc::iovec> =
-        bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }).collect();
+    let mut iovs = iovecs(&mut bufs);
     let hdrs: Vec<libc::msghdr> = iovs.iter_mut().map(msghdr_for).collect();
     let fd = types::Fd(a.as_raw_fd());
     let start = Instant::now();

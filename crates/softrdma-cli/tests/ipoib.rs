@@ -5,35 +5,24 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
-use common::netns::{may_make_namespaces, netns, ok, Lab};
+use common::netns::{may_run, netns, ok, Lab};
 use common::{output, text, Proc, BIN};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn can_run() -> bool {
-    // SAFETY: geteuid cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    let tools = [("iperf3", "--version"), ("ip", "-V")]
-        .iter()
-        .all(|(t, v)| Command::new(t).arg(v).output().is_ok_and(|o| o.status.success()));
     // What CI installs or is (root, iproute2, iperf3) must be there under CI; what only
     // the machine decides (a TUN device, the right to make namespaces) is a skip.
-    if !(root && tools) {
-        let why = format!("root {root}, iperf3 and ip {tools}");
-        assert!(std::env::var_os("CI").is_none(), "CI must run the IPoIB test: {why}");
-        eprintln!("skipped: softrdma ipoib needs {why}");
+    if !may_run("the IPoIB test", &[("iperf3", "--version"), ("ip", "-V")]) {
         return false;
     }
     let tun = std::path::Path::new("/dev/net/tun").exists();
-    let netns = may_make_namespaces();
-    if !(tun && netns) {
-        eprintln!("skipped: this machine gives no /dev/net/tun ({tun}) or no network namespaces ({netns})");
-        return false;
+    if !tun {
+        eprintln!("skipped: this machine gives no /dev/net/tun");
     }
-    true
+    tun
 }
 
 /// iperf3 from A to B across the overlay; returns (Gbit/s, both ipoib counter lines).

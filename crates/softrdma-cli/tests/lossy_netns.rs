@@ -9,31 +9,15 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
-use common::netns::{may_make_namespaces, netns, ok, Lab};
+use common::netns::{may_run, netns, ok, Lab};
 use common::{output, text, Proc, BIN};
 
 const LIMIT: Duration = Duration::from_secs(90);
 
 fn can_run() -> bool {
-    // SAFETY: geteuid cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    let tools = [("nft", "--version"), ("ip", "-V")]
-        .iter()
-        .all(|(t, v)| Command::new(t).arg(v).output().is_ok_and(|o| o.status.success()));
-    if !(root && tools) {
-        let why = format!("root {root}, nft and ip {tools}");
-        assert!(std::env::var_os("CI").is_none(), "CI must run the lossy-path test: {why}");
-        eprintln!("skipped: the lossy-path test needs {why}");
-        return false;
-    }
-    if !may_make_namespaces() {
-        eprintln!("skipped: this machine makes no network namespaces");
-        return false;
-    }
-    true
+    may_run("the lossy-path test", &[("nft", "--version"), ("ip", "-V")])
 }
 
 /// Drops `percent` % of what enters `ns`, counting it.

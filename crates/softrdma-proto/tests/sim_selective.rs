@@ -109,17 +109,20 @@ fn write_losing(selective: bool, lost: &[u32]) -> Log {
 
 /// The same with an `n`-packet WRITE.
 fn write_n_losing(n: usize, selective: bool, lost: &[u32]) -> Log {
+    one_op_losing(false, n, selective, lost)
+}
+
+/// One `n`-packet operation of node 0 on node 1's memory, a WRITE or (`read`) a READ,
+/// with the first copy of each packet at `lost` dropped: the WRITE's requests or the
+/// READ's responses. Checks that it completed and moved every byte; returns the log.
+fn one_op_losing(read: bool, n: usize, selective: bool, lost: &[u32]) -> Log {
     let mut p = Pair::with(1, Impairments::default(), params(selective));
     let len = n * PMTU;
-    p.post_send(SendWr {
-        wr_id: 1,
-        op: SendOp::Write { remote_addr: B_BASE + OFF as u64, rkey: p.b.1 },
-        sg_list: sge(p.a.0, A_BASE, len),
-        flags: signaled(),
-        ud: None,
-    });
-    let log =
-        run(&mut p, |psn, n| n == 1 && lost.iter().any(|&k| psn == (FIRST + k) & 0xFF_FFFF), |_, _| false);
+    let (remote_addr, rkey) = (B_BASE + OFF as u64, p.b.1);
+    let op = if read { SendOp::Read { remote_addr, rkey } } else { SendOp::Write { remote_addr, rkey } };
+    p.post_send(SendWr { wr_id: 1, op, sg_list: sge(p.a.0, A_BASE, len), flags: signaled(), ud: None });
+    let hit = |psn: u32, n: u32| n == 1 && lost.iter().any(|&k| psn == (FIRST + k) & 0xFF_FFFF);
+    let log = if read { run(&mut p, |_, _| false, hit) } else { run(&mut p, hit, |_, _| false) };
     let wc = p.sim.nodes[0].endpoint.qp_mut(p.qa).unwrap().poll_send_completion().expect("completion");
     assert!(wc.status.is_success(), "{wc:?}");
     assert_eq!(p.b_bytes()[OFF..OFF + len], p.a_bytes()[OFF..OFF + len]);
@@ -149,24 +152,9 @@ fn scattered_losses_are_resent_alone() {
 }
 
 /// Node 0 READs 40 responses' worth from node 1, whose responses at `lost` are dropped the
-/// first time; checks the bytes and returns the log.
+/// first time.
 fn read_losing(selective: bool, lost: &[u32]) -> Log {
-    let mut p = Pair::with(1, Impairments::default(), params(selective));
-    let len = 40 * PMTU;
-    let rb = p.b.1;
-    p.post_send(SendWr {
-        wr_id: 1,
-        op: SendOp::Read { remote_addr: B_BASE + OFF as u64, rkey: rb },
-        sg_list: sge(p.a.0, A_BASE, len),
-        flags: signaled(),
-        ud: None,
-    });
-    let log =
-        run(&mut p, |_, _| false, |psn, n| n == 1 && lost.iter().any(|&k| psn == (FIRST + k) & 0xFF_FFFF));
-    let wc = p.sim.nodes[0].endpoint.qp_mut(p.qa).unwrap().poll_send_completion().expect("completion");
-    assert!(wc.status.is_success(), "{wc:?}");
-    assert_eq!(p.a_bytes()[OFF..OFF + len], p.b_bytes()[OFF..OFF + len]);
-    log
+    one_op_losing(true, 40, selective, lost)
 }
 
 #[test]

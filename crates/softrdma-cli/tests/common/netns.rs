@@ -26,11 +26,27 @@ pub fn netns(ns: &str, args: &[&str]) -> Command {
     c
 }
 
-/// Whether this process may make network namespaces (root, and a kernel that lets it).
-pub fn may_make_namespaces() -> bool {
+/// Whether a namespace test (`what`) may run. Root and `tools` (each with the argument
+/// that prints its version) are what CI is or installs: under `CI` their absence fails the
+/// test, elsewhere it skips it. A kernel that makes no namespaces is the machine's choice:
+/// a skip everywhere. Says why when it says no.
+pub fn may_run(what: &str, tools: &[(&str, &str)]) -> bool {
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let found = tools.iter().all(|(t, v)| Command::new(t).arg(v).output().is_ok_and(|o| o.status.success()));
+    if !(root && found) {
+        let names: Vec<&str> = tools.iter().map(|(t, _)| *t).collect();
+        let why = format!("root {root}, {} {found}", names.join(" and "));
+        assert!(std::env::var_os("CI").is_none(), "CI must run {what}: {why}");
+        eprintln!("skipped: {what} needs {why}");
+        return false;
+    }
     let probe = format!("srprobe{}", std::process::id());
     let made = Command::new("ip").args(["netns", "add", &probe]).output().is_ok_and(|o| o.status.success());
     let _ = Command::new("ip").args(["netns", "del", &probe]).output();
+    if !made {
+        eprintln!("skipped: this machine makes no network namespaces");
+    }
     made
 }
 

@@ -49,7 +49,7 @@ impl QueuePair {
                 Some(Ok(AethSyndrome::Nak(NakCode::PsnSequenceError))) => {
                     tracing::debug!(psn = psn.get(), "sequence NAK received: going back");
                     self.stats.seq_naks_received += 1;
-                    self.req.on_lost(now, 1);
+                    self.req.on_lost(now);
                     if !self.on_ack(now, psn - 1) && self.req.go_back_guard != Some(psn) {
                         self.req.go_back_guard = Some(psn);
                         self.go_back(psn);

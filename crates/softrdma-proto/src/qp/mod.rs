@@ -437,14 +437,10 @@ impl QueuePair {
         self.selective = on;
     }
 
-    /// Whether the peer is softrdma with selective recovery on: its READ responses are
-    /// taken out of order and only the missing ones asked for again.
+    /// Whether selective recovery is on towards this QP's peer (softrdma, RC): the
+    /// responder holds early requests and sends SACKs, and the requester takes READ
+    /// responses out of order and asks again only for the missing ones.
     fn selective_peer(&self) -> bool {
-        self.selective && !self.foreign_peer && self.cfg.qp_type == QpType::Rc
-    }
-
-    /// Whether the responder holds early requests and sends SACKs.
-    fn sends_sacks(&self) -> bool {
         self.selective && !self.foreign_peer && self.cfg.qp_type == QpType::Rc
     }
 

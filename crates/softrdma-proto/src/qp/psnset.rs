@@ -55,6 +55,16 @@ impl PsnBits {
         }
     }
 
+    /// Follows a base that moved by `d` PSNs: forward, the bits shift down; backward
+    /// (the base was reset), they are cleared.
+    pub(super) fn move_base(&mut self, d: i32) {
+        if d > 0 {
+            self.shift_down(d as u32);
+        } else if d < 0 {
+            *self = PsnBits::default();
+        }
+    }
+
     /// How many bits below `n` are set.
     pub(super) fn count_below(&self, n: u32) -> u32 {
         let n = n.min(SACK_SPAN);

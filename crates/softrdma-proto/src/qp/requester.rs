@@ -225,15 +225,15 @@ impl Requester {
         self.delay_cuts += 1;
     }
 
-    /// `n` PSNs found lost (by a SACK, or a sequence NAK from a go-back-N peer). A loss
+    /// A loss found (by a SACK, or a sequence NAK from a go-back-N peer). A loss
     /// while the last round trip measured stood `TARGET_QUEUE` above the smallest is a
     /// queue overflowing: the window halves, once per round trip, as TCP's does. A loss on
     /// a path without a queue is taken for damage, not congestion, and costs no window
     /// (selective recovery repairs it): random loss of a few percent leaves the rate as it
     /// is.
-    pub(super) fn on_lost(&mut self, now: Duration, n: u32) {
+    pub(super) fn on_lost(&mut self, now: Duration) {
         let queued = self.min_rtt.is_some_and(|base| self.last_rtt > base + TARGET_QUEUE);
-        if n > 0 && queued && self.may_cut(now) {
+        if queued && self.may_cut(now) {
             self.cut_to(1 << 15);
             self.loss_cuts += 1;
         }
@@ -242,12 +242,7 @@ impl Requester {
     /// Moves the bitmap of READ responses seen ahead to start at `base` (the front READ's
     /// first missing response).
     pub(super) fn sync_read_seen(&mut self, base: Psn) {
-        let d = base.distance(self.read_seen_base);
-        if d > 0 {
-            self.read_seen.shift_down(d as u32);
-        } else if d < 0 {
-            self.read_seen = PsnBits::default();
-        }
+        self.read_seen.move_base(base.distance(self.read_seen_base));
         self.read_seen_base = base;
     }
 
@@ -258,13 +253,8 @@ impl Requester {
         if d == 0 {
             return;
         }
-        if d > 0 {
-            self.sacked.shift_down(d as u32);
-            self.rexmitted.shift_down(d as u32);
-        } else {
-            self.sacked = PsnBits::default();
-            self.rexmitted = PsnBits::default();
-        }
+        self.sacked.move_base(d);
+        self.rexmitted.move_base(d);
         self.sack_base = base;
     }
 
@@ -378,19 +368,19 @@ impl Requester {
             return (news, None);
         };
         if limit.distance(self.lost_limit) > 0 {
-            // The PSNs this SACK shows lost (not held, not resent): the loss reaction's
-            // count. A probe's resends are not counted: a probe is a guess.
+            // Does this SACK show a PSN lost (not held, not resent) that no earlier one
+            // did? Then the loss reaction hears of it. A probe's resends do not count: a
+            // probe is a guess.
             let from =
                 if self.lost_limit.distance(self.acked_psn) > 0 { self.lost_limit } else { self.acked_psn };
             let mut psn = from + 1;
-            let mut lost = 0;
             while psn.distance(limit) < 0 {
                 if self.sack_bit(psn).is_some() && !self.held_or_resent(psn) {
-                    lost += 1;
+                    self.on_lost(now);
+                    break;
                 }
                 psn = psn + 1;
             }
-            self.on_lost(now, lost);
             self.lost_limit = limit;
         }
         (news, self.first_lost())

@@ -289,7 +289,7 @@ impl QueuePair {
         // Selective recovery: keep what arrived ahead of the gap, say so, and execute it
         // once the gap is filled. A PSN beyond the hold window (no softrdma requester sends
         // one: its window is smaller) gets go-back-N's one sequence NAK per gap below.
-        if d > 0 && d < HOLD_WINDOW as i32 && self.sends_sacks() {
+        if d > 0 && d < HOLD_WINDOW as i32 && self.selective_peer() {
             let span = match (Kind::of(pkt.opcode().operation()), pkt.reth()) {
                 (Kind::Read, Some(reth)) => {
                     u64::from(reth.dma_len()).div_ceil(u64::from(self.mtu.bytes())).max(1) as u32
