@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use softrdma_proto::memory::PdId;
 
@@ -18,9 +19,44 @@ use crate::link::{Link, MemoryNetwork, UdpLink};
 use crate::pd::ProtectionDomain;
 use crate::Result;
 
-fn opened() -> &'static Mutex<HashMap<SocketAddr, Weak<ContextInner>>> {
-    static OPENED: OnceLock<Mutex<HashMap<SocketAddr, Weak<ContextInner>>>> = OnceLock::new();
+/// The contexts this process has open, by bound address, each with its engine: a
+/// context whose last handle is gone may still be closing (its progress thread being
+/// joined, its socket not yet closed) while its engine lives.
+type Opened = HashMap<SocketAddr, (Weak<ContextInner>, Weak<Engine>)>;
+
+fn opened() -> &'static Mutex<Opened> {
+    static OPENED: OnceLock<Mutex<Opened>> = OnceLock::new();
     OPENED.get_or_init(Default::default)
+}
+
+/// How long opening an address waits for this process's previous context on it to
+/// finish closing.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// Binds `want`; if this process's previous context on it is still closing (another
+/// thread dropped its last handle a moment ago), waits for its socket to close, at most
+/// [`CLOSE_WAIT`].
+fn bind_after_close(want: SocketAddr, closing: Option<Weak<Engine>>) -> Result<UdpLink> {
+    let deadline = Instant::now() + CLOSE_WAIT;
+    let mut gone: Option<Instant> = None;
+    loop {
+        match UdpLink::bind(want) {
+            Err(e @ crate::Error::AddressInUse { .. }) => {
+                let Some(engine) = &closing else { return Err(e) };
+                // The socket closes just after the engine's last strong reference goes:
+                // allow a moment past that; a port still taken then is someone else's.
+                if engine.strong_count() == 0 {
+                    gone.get_or_insert_with(Instant::now);
+                }
+                if Instant::now() >= deadline || gone.is_some_and(|t| t.elapsed() > Duration::from_millis(50))
+                {
+                    return Err(e);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            r => return r,
+        }
+    }
 }
 
 /// An opened device (`ibv_context`).
@@ -62,16 +98,20 @@ impl Context {
         }
         let want = SocketAddr::new(device.addr, port);
         let mut table = opened().lock().unwrap_or_else(|p| p.into_inner());
+        let mut closing = None;
         if port != 0 {
-            if let Some(inner) = table.get(&want).and_then(Weak::upgrade) {
-                return Ok(Context { inner });
+            if let Some((inner, engine)) = table.get(&want) {
+                if let Some(inner) = inner.upgrade() {
+                    return Ok(Context { inner });
+                }
+                closing = Some(engine.clone());
             }
         }
-        let link = UdpLink::bind(want)?;
+        let link = bind_after_close(want, closing)?;
         let local = link.local();
         let inner = Arc::new(ContextInner::start(Engine::new(Box::new(link))?, device)?);
-        table.retain(|_, w| w.strong_count() > 0);
-        table.insert(local, Arc::downgrade(&inner));
+        table.retain(|_, (_, e)| e.strong_count() > 0);
+        table.insert(local, (Arc::downgrade(&inner), Arc::downgrade(&inner.engine)));
         Ok(Context { inner })
     }
 

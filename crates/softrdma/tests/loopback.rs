@@ -167,6 +167,32 @@ fn address_in_use_is_a_clear_error() {
     assert!(err.to_string().contains("127.0.0.2"), "the message says how to choose another address: {err}");
 }
 
+#[test]
+fn reopening_while_another_thread_closes_waits_for_the_close() {
+    // Two threads open and drop the same address and port over and over, as two tests
+    // of one program do: when one drops the last handle, its socket closes a moment
+    // later (the progress thread is joined first), and the other's open must wait for
+    // that rather than fail with "already in use".
+    let addr = IpAddr::from([127, 0, 0, 10]);
+    let port = Context::open_port(addr, 0).unwrap().local_addr().port();
+    let churn = move || {
+        for i in 0..300 {
+            let c = Context::open_port(addr, port).unwrap_or_else(|e| panic!("open {i}: {e}"));
+            let _pd = c.alloc_pd();
+        }
+    };
+    let t = std::thread::spawn(churn);
+    churn();
+    t.join().unwrap();
+    // Once the context is closed, a port taken by someone else is still an error, soon.
+    let other = std::net::UdpSocket::bind((addr, port)).unwrap();
+    let t0 = std::time::Instant::now();
+    let err = Context::open_port(addr, port).unwrap_err();
+    assert!(matches!(err, softrdma::Error::AddressInUse { .. }), "{err}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(3), "{:?}", t0.elapsed());
+    drop(other);
+}
+
 /// A minimal executor: runs a future on this thread, parking until it is woken.
 fn block_on<F: Future>(f: F) -> F::Output {
     struct Unpark(std::thread::Thread);
