@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use softrdma_proto::cm::{
     service_id, CmAgent, CmConfig, CmEvent, CmMad, CmMsg, CmPath, Ids, IdsAndData, PortSpace, Rep, Req,
+    MAX_UNCLAIMED,
 };
 use softrdma_proto::sim::{Impairments, Network};
 
@@ -266,9 +267,60 @@ fn handshake_and_disconnect_exactly_once_under_loss_duplication_and_reordering()
 fn a_request_nobody_listens_for_is_rejected_with_invalid_service_id() {
     let mut w = World::new(3, Impairments::default());
     let id = w.agents[0].connect(w.now, ip(B), req(0x11, b"")).unwrap();
+    // Not before the listen grace: a listener may still come.
+    let grace = CmConfig::default().listen_grace;
+    w.run(grace - Duration::from_millis(1));
+    assert_eq!(w.events[0], vec![]);
     w.run(Duration::from_secs(10));
     assert_eq!(w.events[0], vec![CmEvent::Rejected { id, reason: 8, private_data: vec![0; 148] }]);
     assert!(w.agents[0].is_empty() && w.agents[1].is_empty());
+    assert!(w.now < grace + Duration::from_millis(1), "refused at the grace's end: {:?}", w.now);
+}
+
+#[test]
+fn a_request_that_comes_just_before_its_listener_is_taken() {
+    // A server that listens anew a moment after the client's REQ came (perftest -R
+    // between its two connections) gets the request, and nothing is refused.
+    let mut w = World::new(4, Impairments::default());
+    let id = w.agents[0].connect(w.now, ip(B), req(0x11, b"early")).unwrap();
+    let ud = service_id(PortSpace::Udp, 7174);
+    let sidr = w.agents[0].sidr_request(w.now, ip(B), ud, b"").unwrap();
+    w.run(Duration::from_millis(200));
+    assert_eq!(w.events[1], vec![], "nothing for B's consumer before it listens");
+    w.agents[1].listen(sid(), 16).unwrap();
+    w.agents[1].listen(ud, 16).unwrap();
+    w.run(Duration::from_secs(10));
+    assert!(w.events[0].contains(&CmEvent::Established { id }), "{:?}", w.events[0]);
+    assert!(
+        w.events[0]
+            .iter()
+            .any(|e| matches!(e, CmEvent::SidrResponse { id, rep } if *id == sidr && rep.status == 0)),
+        "{:?}",
+        w.events[0]
+    );
+    assert!(!w.events[0].iter().any(|e| matches!(e, CmEvent::Rejected { .. })), "{:?}", w.events[0]);
+    assert_eq!(w.count(1, |e| matches!(e, CmEvent::ConnectRequest { .. })), 1);
+}
+
+#[test]
+fn requests_for_unknown_services_wait_in_a_bounded_queue() {
+    // Forged REQs for a service nobody listens on: at most MAX_UNCLAIMED wait, the rest
+    // are refused at once, and when the grace ends every one has been refused.
+    let mut w = World::new(5, Impairments::default());
+    let unknown = service_id(PortSpace::Tcp, 9);
+    let n = MAX_UNCLAIMED as u32 + 36;
+    for k in 0..n {
+        let mut r = req(0x40, b"");
+        r.service_id = unknown;
+        r.local_comm_id = k + 1;
+        w.agents[1].handle_mad(w.now, ip(A), &CmMad::new(7, CmMsg::Req(r)).emit());
+    }
+    let answered = |w: &mut World| std::iter::from_fn(|| w.agents[1].poll_transmit()).count();
+    assert_eq!(answered(&mut w), 36, "the requests past the bound are refused at once");
+    w.now += CmConfig::default().listen_grace;
+    w.agents[1].handle_timeout(w.now);
+    assert_eq!(answered(&mut w), MAX_UNCLAIMED, "and the waiting ones at the grace's end");
+    assert_eq!(w.agents[1].poll_timeout(), None);
 }
 
 #[test]

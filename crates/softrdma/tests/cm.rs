@@ -187,6 +187,35 @@ fn a_rejected_request_reports_the_reason_and_the_private_data() {
 }
 
 #[test]
+fn a_listener_a_moment_late_still_gets_the_request() {
+    // perftest -R's server closes the listener of its first connection and listens
+    // again on the same port for the second; a client quicker than that must not be
+    // refused. The server's device already runs the CM (its first listener).
+    let (c, s) = (ip([127, 0, 6, 20]), ip([127, 0, 6, 21]));
+    let sch = EventChannel::new().unwrap();
+    let first = CmId::new(&sch, PortSpace::Tcp);
+    first.bind_addr(SocketAddr::new(s, 7480)).unwrap();
+    first.listen(8).unwrap();
+    let cch = EventChannel::new().unwrap();
+    let client = CmId::new(&cch, PortSpace::Tcp);
+    client.resolve_addr(Some(c), SocketAddr::new(s, 7481), WAIT).unwrap();
+    event(&cch, CmEventKind::AddrResolved);
+    client.resolve_route(WAIT).unwrap();
+    event(&cch, CmEventKind::RouteResolved);
+    let _cside = setup_qp(&client, QpBuilder::rc());
+    client.connect(&ConnParam::default()).unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    let listener = CmId::new(&sch, PortSpace::Tcp);
+    listener.bind_addr(SocketAddr::new(s, 7481)).unwrap();
+    listener.listen(8).unwrap();
+    let req = event(&sch, CmEventKind::ConnectRequest);
+    let _sside = setup_qp(&req.id, QpBuilder::rc());
+    req.id.accept(&ConnParam::default()).unwrap();
+    event(&cch, CmEventKind::Established);
+    event(&sch, CmEventKind::Established);
+}
+
+#[test]
 fn calls_out_of_order_and_taken_ports_are_clear_errors() {
     let ch = EventChannel::new().unwrap();
     let id = CmId::new(&ch, PortSpace::Tcp);

@@ -52,6 +52,12 @@ pub struct CmConfig {
     pub max_pending: usize,
     /// The service timeout an MRA announces (exponent, as above).
     pub mra_service_timeout: u8,
+    /// How long a REQ or SIDR_REQ for a service nobody listens on waits for a listener
+    /// before it is refused (zero: refused at once). A server that closes one listener
+    /// and opens the next on the same port (perftest's `-R`, between its exchange and its
+    /// data connection) is then not refused for being a moment late; a client that
+    /// names a port nobody ever listens on hears so that much later.
+    pub listen_grace: Duration,
     /// Seed of the communication IDs and transaction IDs (a random value in production).
     pub seed: u64,
 }
@@ -65,6 +71,7 @@ impl Default for CmConfig {
             timewait: Duration::from_secs(1),
             max_pending: 1024,
             mra_service_timeout: 20,
+            listen_grace: Duration::from_millis(500),
             seed: 0x5eed,
         }
     }
@@ -250,6 +257,43 @@ struct Conn {
     remote_qpn: u32,
 }
 
+/// Requests that may wait for a listener at once; more are refused at once, so that a
+/// flood of requests for unknown services holds no more than this.
+pub const MAX_UNCLAIMED: usize = 64;
+
+/// A request that came before its service's listener.
+#[derive(Debug)]
+struct Unclaimed {
+    /// When it came.
+    at: Duration,
+    peer: IpAddr,
+    tid: u64,
+    msg: UnclaimedMsg,
+}
+
+#[derive(Debug)]
+enum UnclaimedMsg {
+    Req(Req),
+    Sidr(SidrReq),
+}
+
+impl UnclaimedMsg {
+    fn service_id(&self) -> u64 {
+        match self {
+            UnclaimedMsg::Req(r) => r.service_id,
+            UnclaimedMsg::Sidr(r) => r.service_id,
+        }
+    }
+
+    /// The peer's identifier of the request (its communication or request ID).
+    fn remote_id(&self) -> u32 {
+        match self {
+            UnclaimedMsg::Req(r) => r.local_comm_id,
+            UnclaimedMsg::Sidr(r) => r.request_id,
+        }
+    }
+}
+
 /// The CM of one device. See the module documentation.
 #[derive(Debug)]
 pub struct CmAgent {
@@ -258,6 +302,9 @@ pub struct CmAgent {
     /// Passive connections by the peer's address and communication ID (duplicates).
     by_remote: HashMap<(IpAddr, u32), CommId>,
     listeners: HashMap<u64, usize>,
+    /// Requests for services nobody listens on, waiting [`CmConfig::listen_grace`] for a
+    /// listener, oldest first (at most [`MAX_UNCLAIMED`]).
+    unclaimed: VecDeque<Unclaimed>,
     deadlines: BTreeSet<(Duration, CommId)>,
     next_id: u32,
     hi_tid: u32,
@@ -280,6 +327,7 @@ impl CmAgent {
             conns: HashMap::new(),
             by_remote: HashMap::new(),
             listeners: HashMap::new(),
+            unclaimed: VecDeque::new(),
             deadlines: BTreeSet::new(),
             next_id: (z as u32).max(1),
             hi_tid: (z >> 32) as u32,
@@ -332,6 +380,16 @@ impl CmAgent {
             return Err(CmError::InUse);
         }
         self.listeners.insert(service_id, backlog.max(1));
+        // Requests that came a moment early are this listener's now, in arrival order.
+        let (mine, rest) =
+            std::mem::take(&mut self.unclaimed).into_iter().partition(|u| u.msg.service_id() == service_id);
+        self.unclaimed = rest;
+        for u in Vec::from(mine) {
+            match u.msg {
+                UnclaimedMsg::Req(req) => self.on_req(u.at, u.peer, u.tid, req),
+                UnclaimedMsg::Sidr(req) => self.on_sidr_req(u.at, u.peer, u.tid, req),
+            }
+        }
         Ok(())
     }
 
@@ -352,7 +410,8 @@ impl CmAgent {
 
     /// When [`Self::handle_timeout`] next has work.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        self.deadlines.first().map(|&(t, _)| t)
+        let unclaimed = self.unclaimed.front().map(|u| u.at + self.cfg.listen_grace);
+        self.deadlines.first().map(|&(t, _)| t).into_iter().chain(unclaimed).min()
     }
 
     // ---- The consumer's calls -------------------------------------------------------
@@ -541,13 +600,18 @@ impl CmAgent {
             CmMsg::Mra(mra) => self.on_mra(now, peer, mra),
             CmMsg::Dreq(dreq) => self.on_dreq(now, peer, tid, dreq),
             CmMsg::Drep(drep) => self.on_drep(now, peer, drep),
-            CmMsg::SidrReq(req) => self.on_sidr_req(peer, tid, req),
+            CmMsg::SidrReq(req) => self.on_sidr_req(now, peer, tid, req),
             CmMsg::SidrRep(rep) => self.on_sidr_rep(peer, rep),
         }
     }
 
     /// Resends what timed out, fails exchanges out of retries, ends TIMEWAITs.
     pub fn handle_timeout(&mut self, now: Duration) {
+        while self.unclaimed.front().is_some_and(|u| u.at + self.cfg.listen_grace <= now) {
+            if let Some(u) = self.unclaimed.pop_front() {
+                self.refuse_unknown(u.peer, u.tid, &u.msg);
+            }
+        }
         while let Some(&(t, id)) = self.deadlines.first() {
             if t > now {
                 break;
@@ -601,7 +665,7 @@ impl CmAgent {
         }
         let refuse = |reason: RejReason| rej(0, remote, MsgKind::Req, reason as u16, &[]);
         let Some(&backlog) = self.listeners.get(&req.service_id) else {
-            self.send(peer, CmMad::new(tid, CmMsg::Rej(refuse(RejReason::InvalidServiceId))));
+            self.wait_for_listener(now, peer, tid, UnclaimedMsg::Req(req));
             return;
         };
         if req.transport_type > 1 {
@@ -625,6 +689,36 @@ impl CmAgent {
             c.remote_qpn = req.local_qpn;
         }
         self.events.push_back(CmEvent::ConnectRequest { id, peer, req: Box::new(req) });
+    }
+
+    /// A request for a service nobody listens on: kept for [`CmConfig::listen_grace`]
+    /// in case its listener comes (a repeat of one kept is dropped), refused at once when
+    /// there is no grace or no room.
+    fn wait_for_listener(&mut self, now: Duration, peer: IpAddr, tid: u64, msg: UnclaimedMsg) {
+        let same = |u: &Unclaimed| {
+            u.peer == peer
+                && u.msg.remote_id() == msg.remote_id()
+                && std::mem::discriminant(&u.msg) == std::mem::discriminant(&msg)
+        };
+        if self.unclaimed.iter().any(same) {
+            self.stats.duplicates += 1;
+        } else if self.cfg.listen_grace.is_zero() || self.unclaimed.len() >= MAX_UNCLAIMED {
+            self.refuse_unknown(peer, tid, &msg);
+        } else {
+            self.unclaimed.push_back(Unclaimed { at: now, peer, tid, msg });
+        }
+    }
+
+    /// Refuses a request for a service nobody listens on: REJ "invalid service ID", or
+    /// SIDR_REP status 1 ("service ID not supported").
+    fn refuse_unknown(&mut self, peer: IpAddr, tid: u64, msg: &UnclaimedMsg) {
+        let answer = match msg {
+            UnclaimedMsg::Req(r) => {
+                CmMsg::Rej(rej(0, r.local_comm_id, MsgKind::Req, RejReason::InvalidServiceId as u16, &[]))
+            }
+            UnclaimedMsg::Sidr(r) => CmMsg::SidrRep(sidr_rep(r.request_id, 1, 0, 0, r.service_id, &[])),
+        };
+        self.send(peer, CmMad::new(tid, answer));
     }
 
     fn on_duplicate_req(&mut self, now: Duration, id: CommId) {
@@ -808,15 +902,13 @@ impl CmAgent {
         }
     }
 
-    fn on_sidr_req(&mut self, peer: IpAddr, tid: u64, req: SidrReq) {
+    fn on_sidr_req(&mut self, now: Duration, peer: IpAddr, tid: u64, req: SidrReq) {
         if self.by_remote.contains_key(&(peer, req.request_id)) {
             self.stats.duplicates += 1;
             return;
         }
         if !self.listeners.contains_key(&req.service_id) {
-            // Status 1: service ID not supported.
-            let rep = sidr_rep(req.request_id, 1, 0, 0, req.service_id, &[]);
-            self.send(peer, CmMad::new(tid, CmMsg::SidrRep(rep)));
+            self.wait_for_listener(now, peer, tid, UnclaimedMsg::Sidr(req));
             return;
         }
         if self.pending >= self.cfg.max_pending {

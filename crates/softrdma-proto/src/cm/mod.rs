@@ -7,7 +7,7 @@ pub mod agent;
 pub mod msg;
 pub mod rdma_cm;
 
-pub use agent::{cm_timeout, CmAgent, CmConfig, CmError, CmEvent, CmState, CmStats, CommId};
+pub use agent::{cm_timeout, CmAgent, CmConfig, CmError, CmEvent, CmState, CmStats, CommId, MAX_UNCLAIMED};
 pub use msg::{
     CmMad, CmMsg, CmParseError, CmPath, Dreq, Ids, IdsAndData, Mra, MsgKind, Rej, RejReason, Rep, Req,
     SidrRep, SidrReq,
