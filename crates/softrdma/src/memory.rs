@@ -94,6 +94,35 @@ impl MrInner {
         self.read_words(words, off, out);
     }
 
+    /// [`Self::read`] into a buffer that need not be initialised; returns it, filled.
+    pub(crate) fn read_uninit<'b>(&self, off: usize, out: &'b mut [std::mem::MaybeUninit<u8>]) -> &'b [u8] {
+        let dst = out.as_mut_ptr().cast::<u8>();
+        match self.words() {
+            None => {
+                // SAFETY: [off, off + len) is inside the registered range (callers check),
+                // which the register_raw contract keeps valid for reads; `out` is a distinct
+                // buffer of len writable bytes.
+                unsafe { std::ptr::copy_nonoverlapping(self.ptr(off), dst, out.len()) };
+            }
+            #[cfg(target_arch = "x86_64")]
+            Some(words) => {
+                fence(Ordering::Acquire);
+                // SAFETY: as in `read`.
+                unsafe { movsb(dst, byte_ptr(words, off), out.len()) };
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Some(words) => {
+                out.fill(std::mem::MaybeUninit::new(0));
+                // SAFETY: every byte of `out` was just initialised.
+                let bytes = unsafe { std::slice::from_raw_parts_mut(dst, out.len()) };
+                fence(Ordering::Acquire);
+                self.read_words(words, off, bytes);
+            }
+        }
+        // SAFETY: every byte of `out` was written above (u8 has no invalid values).
+        unsafe { std::slice::from_raw_parts(dst, out.len()) }
+    }
+
     /// [`Self::read`] by atomic words: a partial first word, then whole words (8-byte
     /// copies the compiler turns into single moves), then a partial last word.
     #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
@@ -258,6 +287,29 @@ fn zeroed_words(n: usize) -> Option<Box<[AtomicU64]>> {
     Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) })
 }
 
+/// The hasher of the maps by key (see [`Registry`]): a key times a 64-bit odd constant,
+/// which spreads its bits over the high half the table looks at first.
+#[derive(Debug, Default)]
+pub(crate) struct KeyHash(u64);
+
+type KeyHashing = std::hash::BuildHasherDefault<KeyHash>;
+
+impl std::hash::Hasher for KeyHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u32(&mut self, k: u32) {
+        self.0 = (self.0 ^ u64::from(k)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 /// Every registered region of a device, by key.
 ///
 /// Keys are the standard library's randomly keyed hash (SipHash-1-3 today) of a counter,
@@ -266,10 +318,15 @@ fn zeroed_words(n: usize) -> Option<Box<[AtomicU64]>> {
 /// keys tells nothing about others. An attacker must guess 32 bits: with R regions
 /// registered, a guessed R_Key hits one with probability R / 2^32 — and must also name
 /// an address inside it, in the right protection domain, with the right access.
+///
+/// The maps by key hash a key with one multiplication ([`KeyHash`]) rather than SipHash
+/// (a lookup on every packet): the keys are already pseudo-random and chosen here, so
+/// no one can make them collide, and a looked-up key that is not there costs a probe
+/// like any other.
 #[derive(Debug)]
 pub(crate) struct Registry {
-    by_lkey: HashMap<u32, Arc<MrInner>>,
-    by_rkey: HashMap<u32, u32>,
+    by_lkey: HashMap<u32, Arc<MrInner>, KeyHashing>,
+    by_rkey: HashMap<u32, u32, KeyHashing>,
     keygen: std::collections::hash_map::RandomState,
     counter: u64,
 }
@@ -297,8 +354,8 @@ impl Registry {
 
     pub(crate) fn new() -> Registry {
         Registry {
-            by_lkey: HashMap::new(),
-            by_rkey: HashMap::new(),
+            by_lkey: HashMap::default(),
+            by_rkey: HashMap::default(),
             keygen: std::collections::hash_map::RandomState::new(),
             counter: 0,
         }
@@ -402,13 +459,13 @@ impl Memory for Registry {
 
     fn gather(&self, pd: PdId, seg: &Segment, f: &mut dyn FnMut(&[u8])) -> Result<(), MemError> {
         let (mr, off) = self.resolve(pd, seg.key, seg.addr, u64::from(seg.len), seg.key.read_access())?;
-        let mut chunk = [0u8; 4096];
+        // Not zeroed first (4 KiB per packet sent): every byte handed on is copied in.
+        let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
         let mut done = 0usize;
         let len = seg.len as usize;
         while done < len {
             let n = (len - done).min(chunk.len());
-            mr.read(off + done, &mut chunk[..n]);
-            f(&chunk[..n]);
+            f(mr.read_uninit(off + done, &mut chunk[..n]));
             done += n;
         }
         Ok(())
@@ -477,6 +534,17 @@ mod tests {
     #[test]
     fn region_copies_match_a_byte_array_at_every_offset_and_length() {
         copies_match_a_byte_array(|m, o, d| m.write(o, d), |m, o, d| m.read(o, d));
+    }
+
+    #[test]
+    fn reads_into_uninitialised_buffers_match_a_byte_array() {
+        copies_match_a_byte_array(
+            |m, o, d| m.write(o, d),
+            |m, o, d| {
+                let mut u = vec![std::mem::MaybeUninit::uninit(); d.len()];
+                d.copy_from_slice(m.read_uninit(o, &mut u));
+            },
+        );
     }
 
     #[test]
