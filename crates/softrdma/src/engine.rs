@@ -420,7 +420,11 @@ impl Engine {
         let mut core = self.lock();
         let qp = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         qp.post_recv(wr)?;
-        self.flush(&mut core);
+        // A receive posted sends nothing; only in ERR does it complete at once (flushed),
+        // and that completion is delivered now.
+        if qp.state() == QpState::Error {
+            self.flush(&mut core);
+        }
         Ok(())
     }
 
@@ -926,6 +930,7 @@ impl Engine {
     /// completions. Never blocks.
     fn progress(&self, core: &mut Core) {
         let now = self.now();
+        let mut received = false;
         for _ in 0..8 {
             let Core { endpoint, mem, link, capture, .. } = &mut *core;
             let mut cap = capture.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()));
@@ -941,6 +946,7 @@ impl Engine {
                 )
             });
             if got.datagrams > 0 {
+                received = true;
                 // Written through at once: a process may end without dropping the capture.
                 if let Some(c) = cap.as_mut() {
                     c.flush();
@@ -956,13 +962,20 @@ impl Engine {
         if core.endpoint.poll_timeout().is_some_and(|t| t <= now) {
             core.endpoint.handle_timeout(now);
         }
-        self.flush(core);
+        // A pass that received nothing took no time worth a second clock read (a
+        // busy-polling thread makes millions of them); after arrivals, what is sent now is
+        // stamped now, for the round-trip samples.
+        self.flush_at(core, if received { self.now() } else { now });
     }
 
     /// Sends every packet the QPs have ready, then delivers completions. Consecutive
     /// packets of one size to one destination go as a GSO train when the link allows.
     fn flush(&self, core: &mut Core) {
-        let now = self.now();
+        self.flush_at(core, self.now());
+    }
+
+    /// [`Self::flush`] at `now`.
+    fn flush_at(&self, core: &mut Core, now: Duration) {
         let local = self.local;
         if core.endpoint.cm().is_some() {
             self.cm_pump(core);
