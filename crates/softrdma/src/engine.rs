@@ -342,6 +342,12 @@ impl Engine {
     /// (WR_FLUSH_ERR), so that their buffers can be reclaimed.
     pub(crate) fn destroy_qp(&self, qpn: Qpn) {
         let mut core = self.lock();
+        // An ACK waiting for company goes now: the peer must still hear about what
+        // arrived before the QP went away.
+        if let Some(qp) = core.endpoint.qp_mut(qpn) {
+            qp.send_acks_now();
+            self.flush(&mut core);
+        }
         if let Some(qp) = core.endpoint.qp_mut(qpn) {
             if qp.state() != QpState::Reset {
                 let _ = qp.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
@@ -439,6 +445,12 @@ impl Engine {
         let mut core = self.lock();
         let qp = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         prepare(qp);
+        if matches!(attr.state, Some(QpState::Error | QpState::Reset)) {
+            // What arrived is acknowledged before the QP stops answering.
+            qp.send_acks_now();
+            self.flush(&mut core);
+        }
+        let qp = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         let was = qp.state();
         qp.modify(attr)?;
         if was != QpState::Error && qp.state() == QpState::Error && qp.srq().is_some() {
@@ -1186,10 +1198,16 @@ impl Engine {
             let watched = self.app_watching.load(Ordering::Acquire) > 0;
             if watched || self.app_polls.swap(0, Ordering::Relaxed) >= BUSY_POLLS {
                 // An application thread watches the link (blocked on a channel) or polls it:
-                // stay off it, waking for timers, and every millisecond while polled (to
-                // notice the polling stop), or when the last watcher leaves.
-                let cap = if watched { MAX_SLEEP } else { Duration::from_millis(1) };
-                let nap = cap.min(timeout.unwrap_or(Duration::MAX));
+                // stay off it, waking for timers while watched, every millisecond while
+                // polled (to notice the polling stop), or when the last watcher leaves. A
+                // polling thread runs the timers too (each of its passes does), so that nap
+                // need not end at the next one: a delayed ACK's 20 us would otherwise wake
+                // this thread for every message and make it fight the poller.
+                let nap = if watched {
+                    MAX_SLEEP.min(timeout.unwrap_or(Duration::MAX))
+                } else {
+                    Duration::from_millis(1)
+                };
                 self.sleeping_until.fetch_min(now + ns(nap), Ordering::AcqRel);
                 self.napping.store(true, Ordering::SeqCst);
                 // The last watcher may have left since `watched` was read, before it could

@@ -656,7 +656,10 @@ impl QueuePair {
 
     /// The earliest time at which [`Self::handle_timeout`] has work to do.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        [self.req.ack_deadline, self.req.rnr_until, self.req.probe_at].into_iter().flatten().min()
+        [self.req.ack_deadline, self.req.rnr_until, self.req.probe_at, self.resp.ack_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Runs the timers that are due at `now`.
@@ -755,6 +758,7 @@ impl QueuePair {
                 return;
             }
             self.handle_request(now, src, tos, pkt, mem, &mut srq);
+            self.resp.schedule_ack(now);
         } else if self.state != QpState::Rtr {
             self.handle_response(now, pkt, mem);
         }
@@ -774,14 +778,26 @@ impl QueuePair {
 
     /// The next packet this QP wants to send, if any: responses first, then requests.
     pub fn poll_transmit(&mut self, now: Duration, buf: &mut [u8], mem: &dyn Memory) -> Option<Transmit> {
-        if let Some(t) = self.next_response(buf, mem) {
+        if let Some(t) = self.next_response(now, buf, mem) {
             return Some(t);
         }
         self.next_request(now, buf, mem)
     }
 
+    /// Lets a positive ACK that waits for company go with the next `poll_transmit`: call it
+    /// before the QP is destroyed or moved to ERROR or RESET, so that the peer still hears
+    /// that everything received was received.
+    pub fn send_acks_now(&mut self) {
+        self.resp.ack_now();
+    }
+
+    /// Whether a request of this QP may go out now (a limit may still hold it back).
+    fn requests_ready(&self) -> bool {
+        self.req.send_idx < self.sq.len() && matches!(self.state, QpState::Rts | QpState::Sqd)
+    }
+
     /// Whether the QP has packets to send now (cheap; `poll_transmit` may still return
-    /// `None` if a limit holds them back).
+    /// `None` if a limit holds them back, or a lone ACK waits for company).
     pub fn wants_transmit(&self) -> bool {
         self.resp.has_tx()
             || ((self.req.send_idx < self.sq.len() || self.req.pending_back.is_some())

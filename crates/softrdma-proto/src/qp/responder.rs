@@ -89,7 +89,18 @@ pub(super) struct Responder {
     /// gap), and how many.
     held: Vec<Option<Held>>,
     held_count: usize,
+    /// A positive ACK waiting alone may wait until then for a packet to go with.
+    ack_at: Option<Duration>,
+    /// The PSN of the last positive ACK sent.
+    last_ack: Psn,
 }
+
+/// How long a positive ACK may wait for the QP's next request, so that both leave in one
+/// system call (in a ping-pong, the pong carries the ping's ACK along).
+pub(super) const ACK_DELAY: Duration = Duration::from_micros(20);
+/// An ACK that would acknowledge this many PSNs more than the last one goes at once, so
+/// that a stream's sender never waits on the delay.
+const ACK_OWED_MAX: i32 = 16;
 
 impl Responder {
     /// The next PSN expected from the requester.
@@ -109,11 +120,45 @@ impl Responder {
             last_cnp: None,
             held: Vec::new(),
             held_count: 0,
+            ack_at: None,
+            last_ack: rq_psn - 1,
         }
     }
 
     pub(super) fn has_tx(&self) -> bool {
         !self.tx.is_empty()
+    }
+
+    /// The only answer waiting is a positive ACK that may still wait at `now`: it
+    /// acknowledges few PSNs and its delay has not run out.
+    fn ack_may_wait(&self, now: Duration) -> bool {
+        match (self.tx.front(), self.tx.len(), self.ack_at) {
+            (Some(Answer::Ack { psn, syndrome: AethSyndrome::Ack { .. } }), 1, Some(at)) => {
+                now < at && psn.distance(self.last_ack) < ACK_OWED_MAX
+            }
+            _ => false,
+        }
+    }
+
+    /// When a waiting ACK must go (for the QP's timer).
+    pub(super) fn ack_deadline(&self) -> Option<Duration> {
+        self.ack_at.filter(|_| !self.tx.is_empty())
+    }
+
+    /// A waiting ACK may wait no longer.
+    pub(super) fn ack_now(&mut self) {
+        if self.ack_at.is_some() {
+            self.ack_at = Some(Duration::ZERO);
+        }
+    }
+
+    /// After a request was handled at `now`: a lone positive ACK starts its delay.
+    pub(super) fn schedule_ack(&mut self, now: Duration) {
+        if self.tx.is_empty() {
+            self.ack_at = None;
+        } else if self.ack_at.is_none() {
+            self.ack_at = Some(now + ACK_DELAY);
+        }
     }
 
     /// Forgets a half-received message and every held packet (the QP failed).
@@ -721,14 +766,25 @@ impl QueuePair {
         self.recv_cq.push_back(wc);
     }
 
-    /// The next answer to send: one ACK, NAK or atomic ACK, or one READ response packet.
-    pub(super) fn next_response(&mut self, buf: &mut [u8], mem: &dyn Memory) -> Option<Transmit> {
+    /// The next answer to send at `now`: one ACK, NAK, SACK, CNP or atomic ACK, or one READ
+    /// response packet. A lone positive ACK waits (up to [`ACK_DELAY`])
+    /// unless a request of this QP is ready to go with it in the same batch.
+    pub(super) fn next_response(
+        &mut self,
+        now: Duration,
+        buf: &mut [u8],
+        mem: &dyn Memory,
+    ) -> Option<Transmit> {
+        if self.resp.ack_may_wait(now) && !self.requests_ready() {
+            return None;
+        }
         let dst = self.peer()?;
         let dest_qp = self.dest_qpn;
         let msn = self.resp.msn;
         let pmtu = u64::from(self.mtu.bytes());
         let rc = |op| Opcode::from_parts(Transport::Rc, op);
         let front = self.resp.tx.front_mut()?;
+        let positive = matches!(*front, Answer::Ack { syndrome: AethSyndrome::Ack { .. }, .. });
         let (repr, payload, done) = match *front {
             Answer::Ack { psn, syndrome } => {
                 let mut r = PacketRepr::new(BthRepr::new(rc(Operation::Acknowledge)?, dest_qp, psn), 0);
@@ -742,7 +798,7 @@ impl QueuePair {
                     // The gap was filled since: a plain ACK says it all.
                     let psn = self.resp.epsn - 1;
                     self.resp.tx.push_front(Answer::Ack { psn, syndrome: AethSyndrome::ACK });
-                    return self.next_response(buf, mem);
+                    return self.next_response(now, buf, mem);
                 }
                 self.stats.sacks_sent += 1;
                 let repr = PacketRepr::new(
@@ -787,6 +843,12 @@ impl QueuePair {
         };
         if done {
             self.resp.tx.pop_front();
+            if positive {
+                self.resp.last_ack = repr.bth.psn;
+            }
+            if self.resp.tx.is_empty() {
+                self.resp.ack_at = None;
+            }
         }
         let head_len = repr.emit_headers(buf).ok()?;
         let pad = usize::from(pad_count(repr.payload_len));
@@ -797,7 +859,7 @@ impl QueuePair {
                 let psn = repr.bth.psn;
                 self.resp.tx.clear();
                 self.responder_fatal(psn, NakCode::RemoteAccessError);
-                self.next_response(buf, mem)
+                self.next_response(now, buf, mem)
             }
         }
     }

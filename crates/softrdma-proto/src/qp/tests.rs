@@ -357,9 +357,35 @@ fn a_write_at_the_expected_psn_lands_and_is_acknowledged() {
     assert!(b[100..140].iter().all(|&x| x == 0xEE));
     assert_eq!(b[99], (99 * 7) as u8);
     assert_eq!(b[140], (140 * 7) as u8);
+    // The ACK waits a little for a request to go with; alone, it goes at its deadline.
+    assert!(t.out().is_empty());
+    assert_eq!(t.qp.poll_timeout(), Some(responder::ACK_DELAY));
+    t.now = responder::ACK_DELAY;
     let out = t.out();
     assert_eq!(ops(&out), vec![(Operation::Acknowledge, RQ)]);
     assert_eq!(out[0].syndrome, Some(AethSyndrome::ACK));
+    assert_eq!(t.qp.poll_timeout(), None);
+}
+
+#[test]
+fn an_ack_leaves_with_the_next_request_or_at_once_when_many_psns_are_owed() {
+    // A ping-pong: the pong and the ping's ACK go out together, ACK first.
+    let mut t = T::new(QpType::Rc);
+    t.request(Operation::RdmaWriteOnly, RQ, BASE, &[1; 8]);
+    assert!(t.out().is_empty());
+    t.post(1, SendOp::Send, 0, 8);
+    assert_eq!(ops(&t.out()), vec![(Operation::Acknowledge, RQ), (Operation::SendOnly, SQ)]);
+    // A stream: sixteen PSNs owed, and the ACK goes without waiting.
+    let mut t = T::new(QpType::Rc);
+    for k in 0..15 {
+        t.request(Operation::RdmaWriteOnly, RQ + k, BASE, &[1; 8]);
+        assert!(t.out().is_empty(), "{k}");
+    }
+    t.request(Operation::RdmaWriteOnly, RQ + 15, BASE, &[1; 8]);
+    assert_eq!(ops(&t.out()), vec![(Operation::Acknowledge, RQ + 15)], "one ACK for sixteen");
+    // NAKs never wait.
+    t.request(Operation::RdmaWriteOnly, RQ + 40, BASE, &[1; 8]);
+    assert_eq!(t.out()[0].syndrome, Some(AethSyndrome::Nak(NakCode::PsnSequenceError)));
 }
 
 #[test]
@@ -375,9 +401,11 @@ fn requests_ahead_get_one_sequence_nak_and_duplicates_a_re_ack() {
     t.request(Operation::RdmaWriteOnly, RQ, BASE, &[0xE2; 8]);
     assert_eq!(t.bytes()[0], 0xE2);
     // A duplicate of it with other bytes: re-ACKed, not executed.
+    t.now += responder::ACK_DELAY;
     t.out();
     t.request(Operation::RdmaWriteOnly, RQ, BASE, &[0xE3; 8]);
     assert_eq!(t.bytes()[0], 0xE2, "a duplicate is not executed");
+    t.now += responder::ACK_DELAY;
     let out = t.out();
     assert_eq!(
         (out[0].op, out[0].psn, out[0].syndrome),
@@ -434,6 +462,8 @@ fn a_forged_packet_held_ahead_of_the_gap_gives_way_to_the_real_one() {
     t.request(Operation::RdmaWriteOnly, RQ + 1, BASE + 32, &[0xA1; 8]);
     let b = t.bytes();
     assert_eq!((b[0], b[32], b[64]), (0xA0, 0xA1, 0xA2), "the real WRITE landed, not the forged one");
+    // (The ACK waits its delay for a request to go with.)
+    t.now += responder::ACK_DELAY;
     let out = t.out();
     assert_eq!(
         (out.last().unwrap().op, out.last().unwrap().psn),
