@@ -771,6 +771,12 @@ impl Engine {
     pub(crate) fn cm_disconnect(&self, comm: CommId, qpn: Option<Qpn>) -> Result<()> {
         self.with_cm(|core, now| {
             if let Some(q) = qpn.and_then(|q| core.endpoint.qp_mut(q)) {
+                // A waiting ACK leaves before the DREQ (MADs go first in a batch): the
+                // peer must not fail a message that arrived.
+                q.send_acks_now();
+                self.flush(core);
+            }
+            if let Some(q) = qpn.and_then(|q| core.endpoint.qp_mut(q)) {
                 let _ = q.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
             }
             let cm = agent(core)?;
