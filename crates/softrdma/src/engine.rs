@@ -338,16 +338,21 @@ impl Engine {
         Ok(qpn)
     }
 
+    /// Sends the ACK a QP holds back for company, now: before the QP fails, goes away, or
+    /// its connection is closed (a DREQ leaves before any QP's packets in a batch), so
+    /// that the peer hears about everything that arrived.
+    fn release_acks(&self, core: &mut Core, qpn: Qpn) {
+        if let Some(qp) = core.endpoint.qp_mut(qpn) {
+            qp.send_acks_now();
+            self.flush(core);
+        }
+    }
+
     /// Destroys a QP. Its outstanding work requests are flushed to its CQs first
     /// (WR_FLUSH_ERR), so that their buffers can be reclaimed.
     pub(crate) fn destroy_qp(&self, qpn: Qpn) {
         let mut core = self.lock();
-        // An ACK waiting for company goes now: the peer must still hear about what
-        // arrived before the QP went away.
-        if let Some(qp) = core.endpoint.qp_mut(qpn) {
-            qp.send_acks_now();
-            self.flush(&mut core);
-        }
+        self.release_acks(&mut core, qpn);
         if let Some(qp) = core.endpoint.qp_mut(qpn) {
             if qp.state() != QpState::Reset {
                 let _ = qp.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
@@ -446,9 +451,7 @@ impl Engine {
         let qp = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         prepare(qp);
         if matches!(attr.state, Some(QpState::Error | QpState::Reset)) {
-            // What arrived is acknowledged before the QP stops answering.
-            qp.send_acks_now();
-            self.flush(&mut core);
+            self.release_acks(&mut core, qpn);
         }
         let qp = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         let was = qp.state();
@@ -770,11 +773,8 @@ impl Engine {
     /// connection is one that a DREQ closes; a connection already closing is left alone.
     pub(crate) fn cm_disconnect(&self, comm: CommId, qpn: Option<Qpn>) -> Result<()> {
         self.with_cm(|core, now| {
-            if let Some(q) = qpn.and_then(|q| core.endpoint.qp_mut(q)) {
-                // A waiting ACK leaves before the DREQ (MADs go first in a batch): the
-                // peer must not fail a message that arrived.
-                q.send_acks_now();
-                self.flush(core);
+            if let Some(q) = qpn {
+                self.release_acks(core, q);
             }
             if let Some(q) = qpn.and_then(|q| core.endpoint.qp_mut(q)) {
                 let _ = q.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
@@ -791,7 +791,9 @@ impl Engine {
     /// finishes the DREQ on its own), any other is dropped; no more events for it.
     pub(crate) fn cm_destroy(&self, comm: CommId) {
         let _ = self.with_cm(|core, now| {
-            core.cm_routes.remove(&comm);
+            if let Some(q) = core.cm_routes.remove(&comm).and_then(|r| r.qpn) {
+                self.release_acks(core, q);
+            }
             let cm = agent(core)?;
             match cm.state(comm) {
                 Some(CmState::Established) => {
