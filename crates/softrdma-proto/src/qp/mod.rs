@@ -758,7 +758,12 @@ impl QueuePair {
                 return;
             }
             self.handle_request(now, src, tos, pkt, mem, &mut srq);
-            self.resp.schedule_ack(now);
+            // An ACK waits for company only on a QP that talks back (it sent a request
+            // lately: a ping-pong, an RPC); towards a peer that only sends, the reply it
+            // would wait for is not coming, and its sender would wait on the delay.
+            let talks_back =
+                self.req.last_request.is_some_and(|t| now.saturating_sub(t) < responder::TALKS_BACK);
+            self.resp.schedule_ack(now, talks_back);
         } else if self.state != QpState::Rtr {
             self.handle_response(now, pkt, mem);
         }
@@ -781,7 +786,11 @@ impl QueuePair {
         if let Some(t) = self.next_response(now, buf, mem) {
             return Some(t);
         }
-        self.next_request(now, buf, mem)
+        let t = self.next_request(now, buf, mem);
+        if t.is_some() {
+            self.req.last_request = Some(now);
+        }
+        t
     }
 
     /// Lets a positive ACK that waits for company go with the next `poll_transmit`: call it

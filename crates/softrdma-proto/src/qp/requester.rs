@@ -63,6 +63,8 @@ pub(super) struct Requester {
     /// link is not late because its ACKs are further apart than a round trip.
     pub(super) ack_gap: Duration,
     pub(super) last_progress: Option<Duration>,
+    /// When this QP last sent a request packet (see `responder::TALKS_BACK`).
+    pub(super) last_request: Option<Duration>,
     /// Probes sent since the last fresh news from the peer: each doubles the next
     /// probe's wait.
     pub(super) probes: u32,
@@ -139,6 +141,7 @@ impl Requester {
             timed: None,
             ack_gap: Duration::ZERO,
             last_progress: None,
+            last_request: None,
             probes: 0,
             probe_mark: None,
             cwnd: MAX_INFLIGHT_PSNS,

@@ -98,6 +98,8 @@ pub(super) struct Responder {
 /// How long a positive ACK may wait for the QP's next request, so that both leave in one
 /// system call (in a ping-pong, the pong carries the ping's ACK along).
 pub(super) const ACK_DELAY: Duration = Duration::from_micros(20);
+/// A QP that sent a request this recently talks back: its ACKs may wait for its next one.
+pub(super) const TALKS_BACK: Duration = Duration::from_millis(1);
 /// An ACK that would acknowledge this many PSNs more than the last one goes at once, so
 /// that a stream's sender never waits on the delay.
 const ACK_OWED_MAX: i32 = 16;
@@ -152,10 +154,13 @@ impl Responder {
         }
     }
 
-    /// After a request was handled at `now`: a lone positive ACK starts its delay.
-    pub(super) fn schedule_ack(&mut self, now: Duration) {
+    /// After a request was handled at `now`: a lone positive ACK starts its delay if the
+    /// QP is expected to send a request soon (`wait`), else it may go at once.
+    pub(super) fn schedule_ack(&mut self, now: Duration, wait: bool) {
         if self.tx.is_empty() {
             self.ack_at = None;
+        } else if !wait {
+            self.ack_at = Some(now);
         } else if self.ack_at.is_none() {
             self.ack_at = Some(now + ACK_DELAY);
         }

@@ -357,10 +357,7 @@ fn a_write_at_the_expected_psn_lands_and_is_acknowledged() {
     assert!(b[100..140].iter().all(|&x| x == 0xEE));
     assert_eq!(b[99], (99 * 7) as u8);
     assert_eq!(b[140], (140 * 7) as u8);
-    // The ACK waits a little for a request to go with; alone, it goes at its deadline.
-    assert!(t.out().is_empty());
-    assert_eq!(t.qp.poll_timeout(), Some(responder::ACK_DELAY));
-    t.now = responder::ACK_DELAY;
+    // This QP never talks back: its ACK goes at once.
     let out = t.out();
     assert_eq!(ops(&out), vec![(Operation::Acknowledge, RQ)]);
     assert_eq!(out[0].syndrome, Some(AethSyndrome::ACK));
@@ -368,15 +365,38 @@ fn a_write_at_the_expected_psn_lands_and_is_acknowledged() {
 }
 
 #[test]
+fn the_ack_of_a_qp_that_talks_back_waits_a_little_for_company() {
+    let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Send, 0, 8);
+    assert_eq!(ops(&t.out()), vec![(Operation::SendOnly, SQ)]);
+    t.request(Operation::RdmaWriteOnly, RQ, BASE, &[1; 8]);
+    // It sent a request lately: the ACK waits for the next one, or alone until its deadline.
+    assert!(t.out().is_empty());
+    let deadline = t.now + responder::ACK_DELAY;
+    assert!(t.qp.poll_timeout().is_some_and(|d| d <= deadline));
+    t.now = deadline;
+    assert_eq!(ops(&t.out()), vec![(Operation::Acknowledge, RQ)]);
+    // Quiet for longer than TALKS_BACK: ACKs go at once again.
+    t.now += responder::TALKS_BACK;
+    t.request(Operation::RdmaWriteOnly, RQ + 1, BASE, &[1; 8]);
+    assert_eq!(ops(&t.out()), vec![(Operation::Acknowledge, RQ + 1)]);
+}
+
+#[test]
 fn an_ack_leaves_with_the_next_request_or_at_once_when_many_psns_are_owed() {
     // A ping-pong: the pong and the ping's ACK go out together, ACK first.
     let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Send, 0, 8);
+    assert_eq!(ops(&t.out()), vec![(Operation::SendOnly, SQ)]);
     t.request(Operation::RdmaWriteOnly, RQ, BASE, &[1; 8]);
     assert!(t.out().is_empty());
-    t.post(1, SendOp::Send, 0, 8);
-    assert_eq!(ops(&t.out()), vec![(Operation::Acknowledge, RQ), (Operation::SendOnly, SQ)]);
-    // A stream: sixteen PSNs owed, and the ACK goes without waiting.
+    t.post(2, SendOp::Send, 0, 8);
+    assert_eq!(ops(&t.out()), vec![(Operation::Acknowledge, RQ), (Operation::SendOnly, SQ + 1)]);
+    // A stream into a QP that talks back: sixteen PSNs owed, and the ACK goes without
+    // waiting.
     let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Send, 0, 8);
+    t.out();
     for k in 0..15 {
         t.request(Operation::RdmaWriteOnly, RQ + k, BASE, &[1; 8]);
         assert!(t.out().is_empty(), "{k}");
