@@ -435,16 +435,10 @@ impl CompletionChannel {
             // event; the progress thread stays off the link meanwhile.
             let mut fds = vec![self.shared.efd.as_raw_fd()];
             fds.extend_from_slice(self.ctx.engine.link_fds());
-            let engine = &self.ctx.engine;
-            let watching = engine.app_watch_begin();
-            // While it watches, this thread runs the protocol's timers too: it wakes for
-            // the next one (the progress thread leaves them to it).
-            let timer = engine.until_timer();
-            let wait = timer.map_or(left, |t| t.min(left));
-            engine.watch_plan(wait);
-            let ready = sys::wait_readable_any(&fds, Some(wait))?;
-            if ready & !1 != 0 || (ready == 0 && timer.is_some_and(|t| t <= left)) {
-                engine.try_progress_quiet();
+            let watching = self.ctx.engine.app_watch_begin();
+            let ready = sys::wait_readable_any(&fds, Some(left))?;
+            if ready & !1 != 0 {
+                self.ctx.engine.try_progress_quiet();
             }
             drop(watching);
         }

@@ -28,7 +28,7 @@ use softrdma_proto::{Lkey, Qpn};
 
 use crate::link::{Link, OutMsg, RX_BATCH};
 use crate::memory::{MrInner, Registry};
-use crate::sys::{self, EventFd, TimerFd};
+use crate::sys::{self, EventFd};
 use crate::{Error, Result};
 
 /// Packets built per `sendmmsg` call (GSO trains count each of their packets).
@@ -48,11 +48,6 @@ const MAX_SLEEP: Duration = Duration::from_millis(20);
 /// Empty CQ polls between two passes of the progress thread that mean an application
 /// thread is busy-polling, so the progress thread can leave the socket to it.
 const BUSY_POLLS: u64 = 16;
-
-/// How long the link stays with a watcher that left (an event-mode thread returning with
-/// its event) before the progress thread takes it back, unless a watcher is back first:
-/// in a ping-pong it is back within microseconds, and the hand-back then wakes no thread.
-const HANDBACK_DELAY: Duration = Duration::from_micros(50);
 
 /// Where the engine puts a QP's completions: a completion queue, as far as the engine
 /// knows nothing more.
@@ -198,17 +193,6 @@ pub(crate) struct Engine {
     app_polls: AtomicU64,
     /// The progress thread is napping off the link.
     napping: AtomicBool,
-    /// Wakes the napping progress thread `HANDBACK_DELAY` after the last watcher left.
-    handback: TimerFd,
-    /// Whether `handback` is armed; held while arming or disarming it, so that each
-    /// decision is taken on the watcher count of its moment.
-    handback_armed: Mutex<bool>,
-    /// The protocol's earliest deadline (ns since `epoch`; u64::MAX: none), as of the last
-    /// pass or post: a thread watching the link runs the timers, and wakes for this.
-    timer_at: AtomicU64,
-    /// The earliest a watcher planned to wake (ns since `epoch`; u64::MAX: no watcher): a
-    /// deadline set earlier than that by another thread needs the progress thread.
-    watch_until: AtomicU64,
     /// Application threads blocked on a completion channel that watch the link
     /// themselves (and process what arrives): while there are any, the progress thread
     /// stays off the link, so that an arrival wakes one thread, not two.
@@ -230,20 +214,16 @@ fn selective_from_env() -> bool {
 }
 
 /// An application thread watching the link; dropping it (however the wait ends) hands the
-/// link back to the progress thread if it was the last watcher, `HANDBACK_DELAY` later
-/// unless a watcher is back by then. With the progress thread's side (it sets `napping`,
-/// then looks at `app_watching`, all sequentially consistent), either the progress thread
-/// sees no watcher and does not nap off the link, or the last watcher sees it napping and
-/// arms the timer it naps on.
+/// link back to the progress thread if it was the last watcher. With the progress
+/// thread's side (it sets `napping`, then looks at `app_watching`, all sequentially
+/// consistent), either the progress thread sees no watcher and does not nap off the link,
+/// or the last watcher sees it napping and wakes it.
 pub(crate) struct WatchGuard<'a>(&'a Engine);
 
 impl Drop for WatchGuard<'_> {
     fn drop(&mut self) {
-        if self.0.app_watching.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.watch_until.store(u64::MAX, Ordering::Release);
-            if self.0.napping.load(Ordering::SeqCst) {
-                self.0.handback(true);
-            }
+        if self.0.app_watching.fetch_sub(1, Ordering::SeqCst) == 1 && self.0.napping.load(Ordering::SeqCst) {
+            self.0.wake.signal();
         }
     }
 }
@@ -310,10 +290,6 @@ impl Engine {
             sleeping_until: AtomicU64::new(u64::MAX),
             app_polls: AtomicU64::new(0),
             napping: AtomicBool::new(false),
-            handback: TimerFd::new()?,
-            handback_armed: Mutex::new(false),
-            timer_at: AtomicU64::new(u64::MAX),
-            watch_until: AtomicU64::new(u64::MAX),
             app_watching: AtomicU64::new(0),
             cm_waiting: AtomicBool::new(false),
             cm_turn: Mutex::new(()),
@@ -1010,7 +986,6 @@ impl Engine {
         // busy-polling thread makes millions of them); after arrivals, what is sent now is
         // stamped now, for the round-trip samples.
         self.flush_at(core, if received { self.now() } else { now });
-        self.timer_at.store(core.endpoint.poll_timeout().map_or(u64::MAX, ns), Ordering::Release);
     }
 
     /// Sends every packet the QPs have ready, then delivers completions. Consecutive
@@ -1160,38 +1135,13 @@ impl Engine {
 
     /// Wakes the progress thread if the protocol now wants attention earlier than it
     /// planned to wake up.
-    ///
-    /// Not while it naps because an application thread polls the link or watches it (or
-    /// has just left it): those run the timers themselves (a watcher wakes for
-    /// `timer_at`), and a watcher that left hands the link back within `HANDBACK_DELAY`.
-    /// Except when a watcher planned to wake later than the new deadline (another thread
-    /// set it).
     fn nudge(&self, core: &mut Core) {
         let Some(deadline) = core.endpoint.poll_timeout() else { return };
-        let d = ns(deadline);
-        self.timer_at.store(d, Ordering::Release);
-        let watched = self.app_watching.load(Ordering::SeqCst) > 0;
-        let napping = self.napping.load(Ordering::SeqCst);
-        let covered = if watched { d >= self.watch_until.load(Ordering::Acquire) } else { napping };
-        if covered {
-            return;
-        }
         // Lowered first: a progress thread that wakes and finds the link watched plans its
         // next nap from it without a pass (see `run`).
-        if d < self.sleeping_until.fetch_min(d, Ordering::AcqRel) {
+        if ns(deadline) < self.sleeping_until.fetch_min(ns(deadline), Ordering::AcqRel) {
             self.wake.signal();
         }
-    }
-
-    /// How long a thread watching the link may wait before a timer is due.
-    pub(crate) fn until_timer(&self) -> Option<Duration> {
-        let at = self.timer_at.load(Ordering::Acquire);
-        (at != u64::MAX).then(|| Duration::from_nanos(at.saturating_sub(ns(self.now()))))
-    }
-
-    /// A watcher plans to wake by `until` (from now) at the latest.
-    pub(crate) fn watch_plan(&self, until: Duration) {
-        self.watch_until.fetch_min(ns(self.now() + until), Ordering::AcqRel);
     }
 
     /// The link's file descriptors, for threads that wait for arrivals themselves.
@@ -1212,30 +1162,7 @@ impl Engine {
     pub(crate) fn app_watch_begin(&self) -> WatchGuard<'_> {
         self.app_polls.store(0, Ordering::Relaxed);
         self.app_watching.fetch_add(1, Ordering::SeqCst);
-        self.handback(false);
         WatchGuard(self)
-    }
-
-    /// Arms the hand-back timer if no thread watches the link (`leaving`), or disarms it
-    /// if one does. Under `handback_armed`, each call decides on the watcher count it sees
-    /// there, so a late disarm cannot undo the arming of a watcher that left after it.
-    fn handback(&self, leaving: bool) {
-        let mut armed = self.handback_armed.lock().unwrap_or_else(|p| p.into_inner());
-        let watched = self.app_watching.load(Ordering::SeqCst) > 0;
-        if leaving && !watched {
-            self.handback.set(Some(HANDBACK_DELAY));
-            *armed = true;
-        } else if !leaving && watched && *armed {
-            self.handback.set(None);
-            *armed = false;
-        }
-    }
-
-    /// The hand-back timer fired: read it, so that it does not stay readable.
-    fn handback_fired(&self) {
-        let mut armed = self.handback_armed.lock().unwrap_or_else(|p| p.into_inner());
-        self.handback.drain();
-        *armed = false;
     }
 
     pub(crate) fn stop(&self) {
@@ -1273,38 +1200,28 @@ impl Engine {
                     (a, b) => a.or(b),
                 }
             };
-            let skipped = std::mem::take(&mut skip);
+            skip = false;
             self.deliver_cm();
             let now = ns(self.now());
             let watched = self.app_watching.load(Ordering::Acquire) > 0;
             if watched || self.app_polls.swap(0, Ordering::Relaxed) >= BUSY_POLLS {
                 // An application thread watches the link (blocked on a channel) or polls it:
-                // stay off it, waking every millisecond while polled (to notice the polling
-                // stop), when the last watcher has left for `HANDBACK_DELAY`, or for a
-                // deadline a nudge brought. The application's threads run the timers
-                // meanwhile: a poller in each pass, a watcher by waking for `timer_at`. So
-                // the nap need not end at the next timer: a delayed ACK's 20 us would
-                // otherwise wake this thread for every message and make it fight them.
-                let nap = match (watched, skipped) {
-                    (false, _) => Duration::from_millis(1),
-                    (true, false) => MAX_SLEEP,
-                    // Back from a nudge: until the deadline it brought.
-                    (true, true) => MAX_SLEEP.min(timeout.unwrap_or(Duration::MAX)),
-                };
-                if skipped {
-                    self.sleeping_until.fetch_min(now + ns(nap), Ordering::AcqRel);
+                // stay off it, waking for timers while watched, every millisecond while
+                // polled (to notice the polling stop), or when the last watcher leaves. A
+                // polling thread runs the timers too (each of its passes does), so that nap
+                // need not end at the next one: a delayed ACK's 20 us would otherwise wake
+                // this thread for every message and make it fight the poller.
+                let nap = if watched {
+                    MAX_SLEEP.min(timeout.unwrap_or(Duration::MAX))
                 } else {
-                    // What this thread really sleeps until, which nudges compare with.
-                    self.sleeping_until.store(now + ns(nap), Ordering::Release);
-                }
+                    Duration::from_millis(1)
+                };
+                self.sleeping_until.fetch_min(now + ns(nap), Ordering::AcqRel);
                 self.napping.store(true, Ordering::SeqCst);
                 // The last watcher may have left since `watched` was read, before it could
                 // see `napping`: then do not nap (see `WatchGuard`).
                 if !watched || self.app_watching.load(Ordering::SeqCst) > 0 {
-                    let fds = [self.wake.as_raw_fd(), self.handback.as_raw_fd()];
-                    if let Ok([_, true]) = sys::wait_readable(fds, Some(nap)) {
-                        self.handback_fired();
-                    }
+                    let _ = sys::wait_readable([self.wake.as_raw_fd()], Some(nap));
                 }
                 self.napping.store(false, Ordering::SeqCst);
                 // Woken by a watcher that left (an event-mode thread returning with its
