@@ -109,7 +109,7 @@ pub fn run(args: &SimArgs) -> i32 {
         q.rnr_naks_received
     );
     println!(
-        "ops={} completed={} data-errors={} status-errors={} bytes={} virtual-time={:.3}s wall={:.3}s",
+        "ops={} completed={} data-errors={} status-errors={} bytes={} virtual-time={:.4}s wall={:.3}s",
         r.ops,
         r.completed,
         r.data_errors,
