@@ -827,7 +827,15 @@ impl Engine {
         while let Some(ev) = core.endpoint.cm_mut().and_then(CmAgent::poll_event) {
             let comm = ev.id();
             let peer = core.endpoint.cm().and_then(|c| c.peer(comm));
-            let foreign = peer.is_some_and(|p| core.endpoint.peer_is_foreign(p));
+            // A peer is foreign if its packets need the ID-agnostic ICRC check, or if its
+            // REQ or REP does not carry softrdma's ECE (see `cm::SOFTRDMA_ECE`): a foreign
+            // peer never gets SACKs, whatever its IP Identification looks like.
+            let unannounced = match &ev {
+                CmEvent::ConnectRequest { req, .. } => req.ece_vendor_id != crate::cm::SOFTRDMA_ECE,
+                CmEvent::ConnectResponse { rep, .. } => rep.ece_vendor_id != crate::cm::SOFTRDMA_ECE,
+                _ => false,
+            };
+            let foreign = unannounced || peer.is_some_and(|p| core.endpoint.peer_is_foreign(p));
             match &ev {
                 CmEvent::ConnectRequest { req, .. } => {
                     let Some(sink) = core.cm_listeners.get(&req.service_id).cloned() else {

@@ -468,6 +468,12 @@ impl QueuePair {
         self.ctx.engine.set_foreign_peer(self.qpn, foreign);
     }
 
+    /// Whether the peer is treated as foreign (Linux rxe, a RoCE NIC: go-back-N, no SACKs,
+    /// no GSO trains), as set at connection or found by the connection manager.
+    pub fn foreign_peer(&self) -> bool {
+        self.ctx.engine.with_qp(self.qpn, |q| q.foreign_peer()).unwrap_or(false)
+    }
+
     /// Counters.
     pub fn stats(&self) -> QpStats {
         self.ctx.engine.with_qp(self.qpn, |q| q.stats()).unwrap_or_default()

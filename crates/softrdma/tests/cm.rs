@@ -97,6 +97,7 @@ fn connect_send_both_ways_write_read_and_disconnect() {
     let (cch, client, cside, sch, server, sside, _listener) = connect_pair(c, s, 7471);
     for side in [&cside, &sside] {
         assert_eq!(side.qp.state(), QpState::Rts);
+        assert!(!side.qp.foreign_peer(), "both sides announced softrdma's ECE");
     }
     let (attr, _) = cside.qp.query().unwrap();
     let (sattr, _) = sside.qp.query().unwrap();
@@ -213,6 +214,106 @@ fn a_listener_a_moment_late_still_gets_the_request() {
     req.id.accept(&ConnParam::default()).unwrap();
     event(&cch, CmEventKind::Established);
     event(&sch, CmEventKind::Established);
+}
+
+#[test]
+fn a_peer_whose_req_lacks_softrdmas_ece_is_foreign() {
+    // The peer: the protocol crate's endpoint with its CM, on a plain UDP socket at the
+    // RoCE port of its own address, sending a REQ with no ECE (as Linux rxe's does) and
+    // packets whose ICRC holds with IP Identification 0 (as softrdma's do). Only the
+    // missing ECE says it is not softrdma.
+    use softrdma_proto::cm::{CmConfig, CmEvent, CmPath, Req};
+    use softrdma_proto::endpoint::{Arrival, Endpoint};
+    let (c, s) = (ip([127, 0, 6, 30]), ip([127, 0, 6, 31]));
+    let sch = EventChannel::new().unwrap();
+    let listener = CmId::new(&sch, PortSpace::Tcp);
+    listener.bind_addr(SocketAddr::new(s, 7482)).unwrap();
+    listener.listen(8).unwrap();
+    let port = listener.context().unwrap().local_addr().port();
+    let sock = std::net::UdpSocket::bind(SocketAddr::new(c, port)).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let mut ep = Endpoint::new(SocketAddr::new(c, port));
+    ep.enable_cm(CmConfig { seed: 5, ..CmConfig::default() });
+    let mut mem = softrdma_proto::sim::SimMemory::new(1);
+    let header = softrdma_proto::cm::CmaHeader { src: SocketAddr::new(c, 40000), dst: s };
+    let gid = |a: IpAddr| match a {
+        IpAddr::V4(v4) => {
+            let mut g = [0u8; 16];
+            g[10] = 0xFF;
+            g[11] = 0xFF;
+            g[12..].copy_from_slice(&v4.octets());
+            g
+        }
+        IpAddr::V6(v6) => v6.octets(),
+    };
+    let req = Req {
+        local_comm_id: 0,
+        ece_vendor_id: 0,
+        service_id: softrdma_proto::cm::service_id(softrdma_proto::cm::PortSpace::Tcp, 7482),
+        local_ca_guid: 0,
+        local_qkey: 0,
+        local_qpn: 0x77,
+        responder_resources: 1,
+        initiator_depth: 1,
+        remote_cm_response_timeout: 18,
+        transport_type: 0,
+        e2e_flow_control: false,
+        starting_psn: 0x1234,
+        local_cm_response_timeout: 18,
+        retry_count: 7,
+        pkey: 0xFFFF,
+        path_mtu: 3,
+        rdc_exists: false,
+        rnr_retry_count: 7,
+        max_cm_retries: 15,
+        srq: false,
+        extended_transport_type: 0,
+        primary_path: CmPath {
+            local_lid: 0xFFFF,
+            remote_lid: 0xFFFF,
+            local_gid: gid(c),
+            remote_gid: gid(s),
+            hop_limit: 64,
+            local_ack_timeout: 14,
+            ..CmPath::default()
+        },
+        alternate_path: None,
+        private_data: header.with_user_data(&[], Req::PRIVATE_DATA_LEN).unwrap(),
+    };
+    let start = std::time::Instant::now();
+    ep.cm_mut().unwrap().connect(start.elapsed(), s, req).unwrap();
+    let pump = |ep: &mut Endpoint, mem: &mut softrdma_proto::sim::SimMemory| {
+        let now = start.elapsed();
+        let mut buf = vec![0u8; 4096];
+        while let Some(t) = ep.poll_transmit(now, &mut buf, mem) {
+            let bytes = t.assemble(&buf, mem);
+            sock.send_to(&bytes, SocketAddr::new(t.dst.ip(), port)).unwrap();
+        }
+        let mut rx = [0u8; 4096];
+        if let Ok((n, from)) = sock.recv_from(&mut rx) {
+            ep.handle_datagram(start.elapsed(), Arrival::new(from, SocketAddr::new(c, port)), &rx[..n], mem);
+        }
+    };
+    pump(&mut ep, &mut mem);
+    let req = event(&sch, CmEventKind::ConnectRequest);
+    let sside = setup_qp(&req.id, QpBuilder::rc());
+    req.id.accept(&ConnParam::default()).unwrap();
+    // The REP comes back; no ECE in it either, since the REQ announced none.
+    let mut rep = None;
+    for _ in 0..50 {
+        pump(&mut ep, &mut mem);
+        while let Some(ev) = ep.cm_mut().unwrap().poll_event() {
+            if let CmEvent::ConnectResponse { rep: r, .. } = ev {
+                rep = Some(r);
+            }
+        }
+        if rep.is_some() {
+            break;
+        }
+    }
+    let rep = rep.expect("a REP");
+    assert_eq!(rep.ece_vendor_id, 0, "the REP echoes no ECE to a peer that announced none");
+    assert!(sside.qp.foreign_peer(), "a REQ without softrdma's ECE makes the peer foreign");
 }
 
 #[test]

@@ -66,6 +66,15 @@ use crate::{Access, Error, Result};
 /// The Q_Key of rdma_cm's UD QPs (`RDMA_UDP_QKEY`).
 pub const UDP_QKEY: Qkey = Qkey(0x0123_4567);
 
+/// The Enhanced Connection Establishment vendor ID softrdma puts in its REQs, and in a REP
+/// answering a REQ that carried it: the announcement that this side is softrdma and takes
+/// SACKs (selective recovery, see `QueuePair::set_selective` in the protocol crate). A
+/// connection whose peer's REQ or REP lacks it is treated as foreign (go-back-N, the
+/// 128-PSN window, no vendor opcodes), whatever else says the peer is softrdma. An ECE
+/// vendor ID is an IEEE OUI; this one ("SDR") has the locally administered bit set, so it
+/// names no company.
+pub const SOFTRDMA_ECE: u32 = 0x53_4452;
+
 /// The local ACK timeout the CM gives RC QPs (4.096 µs × 2^14 ≈ 67 ms), and puts in its
 /// REQs' path.
 pub const ACK_TIMEOUT: u8 = 14;
@@ -824,7 +833,7 @@ impl CmId {
         let qpn = st.qp.as_ref().map_or(param.qp_num, |q| q.qpn().get());
         let req = Req {
             local_comm_id: 0,
-            ece_vendor_id: 0,
+            ece_vendor_id: SOFTRDMA_ECE,
             service_id: sid,
             local_ca_guid: 0,
             local_qkey: 0,
@@ -902,7 +911,8 @@ impl CmId {
             local_qpn: qpn,
             local_eecn: 0,
             starting_psn: st.psn.get(),
-            ece_vendor_id: 0,
+            // Echoed only to a peer that announced itself.
+            ece_vendor_id: if req.ece_vendor_id == SOFTRDMA_ECE { SOFTRDMA_ECE } else { 0 },
             responder_resources: ours.responder_resources,
             initiator_depth: ours.initiator_depth,
             target_ack_delay: 15,
