@@ -828,11 +828,12 @@ impl Engine {
             let comm = ev.id();
             let peer = core.endpoint.cm().and_then(|c| c.peer(comm));
             // A peer is foreign if its packets need the ID-agnostic ICRC check, or if its
-            // REQ or REP does not carry softrdma's ECE (see `cm::SOFTRDMA_ECE`): a foreign
-            // peer never gets SACKs, whatever its IP Identification looks like.
+            // REQ or REP does not carry softrdma's ECE (see `cm::SOFTRDMA_ECE` and
+            // `SOFTRDMA_ECE_REPLY`): a foreign peer never gets SACKs, whatever its IP
+            // Identification looks like.
             let unannounced = match &ev {
                 CmEvent::ConnectRequest { req, .. } => req.ece_vendor_id != crate::cm::SOFTRDMA_ECE,
-                CmEvent::ConnectResponse { rep, .. } => rep.ece_vendor_id != crate::cm::SOFTRDMA_ECE,
+                CmEvent::ConnectResponse { rep, .. } => rep.ece_vendor_id != crate::cm::SOFTRDMA_ECE_REPLY,
                 _ => false,
             };
             let foreign = unannounced || peer.is_some_and(|p| core.endpoint.peer_is_foreign(p));

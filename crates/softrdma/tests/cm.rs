@@ -216,40 +216,66 @@ fn a_listener_a_moment_late_still_gets_the_request() {
     event(&sch, CmEventKind::Established);
 }
 
-#[test]
-fn a_peer_whose_req_lacks_softrdmas_ece_is_foreign() {
-    // The peer: the protocol crate's endpoint with its CM, on a plain UDP socket at the
-    // RoCE port of its own address, sending a REQ with no ECE (as Linux rxe's does) and
-    // packets whose ICRC holds with IP Identification 0 (as softrdma's do). Only the
-    // missing ECE says it is not softrdma.
-    use softrdma_proto::cm::{CmConfig, CmEvent, CmPath, Req};
-    use softrdma_proto::endpoint::{Arrival, Endpoint};
-    let (c, s) = (ip([127, 0, 6, 30]), ip([127, 0, 6, 31]));
-    let sch = EventChannel::new().unwrap();
-    let listener = CmId::new(&sch, PortSpace::Tcp);
-    listener.bind_addr(SocketAddr::new(s, 7482)).unwrap();
-    listener.listen(8).unwrap();
-    let port = listener.context().unwrap().local_addr().port();
-    let sock = std::net::UdpSocket::bind(SocketAddr::new(c, port)).unwrap();
-    sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
-    let mut ep = Endpoint::new(SocketAddr::new(c, port));
-    ep.enable_cm(CmConfig { seed: 5, ..CmConfig::default() });
-    let mut mem = softrdma_proto::sim::SimMemory::new(1);
-    let header = softrdma_proto::cm::CmaHeader { src: SocketAddr::new(c, 40000), dst: s };
-    let gid = |a: IpAddr| match a {
-        IpAddr::V4(v4) => {
-            let mut g = [0u8; 16];
-            g[10] = 0xFF;
-            g[11] = 0xFF;
-            g[12..].copy_from_slice(&v4.octets());
-            g
+/// A CM peer that is not softrdma's runtime: the protocol crate's endpoint with its CM,
+/// on a plain UDP socket at the RoCE port of its own address. Its packets' ICRC holds
+/// with IP Identification 0, as softrdma's do, so only what its CM messages say can tell
+/// it from softrdma.
+struct FakePeer {
+    ep: softrdma_proto::endpoint::Endpoint,
+    mem: softrdma_proto::sim::SimMemory,
+    sock: std::net::UdpSocket,
+    addr: SocketAddr,
+    start: std::time::Instant,
+}
+
+impl FakePeer {
+    fn new(addr: IpAddr, port: u16) -> FakePeer {
+        let addr = SocketAddr::new(addr, port);
+        let sock = std::net::UdpSocket::bind(addr).unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        let mut ep = softrdma_proto::endpoint::Endpoint::new(addr);
+        ep.enable_cm(softrdma_proto::cm::CmConfig { seed: 5, ..Default::default() });
+        let mem = softrdma_proto::sim::SimMemory::new(1);
+        FakePeer { ep, mem, sock, addr, start: std::time::Instant::now() }
+    }
+
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    fn cm(&mut self) -> &mut softrdma_proto::cm::CmAgent {
+        self.ep.cm_mut().unwrap()
+    }
+
+    /// Sends what the endpoint has, then takes one datagram if one comes within 100 ms;
+    /// returns the CM events.
+    fn pump(&mut self) -> Vec<softrdma_proto::cm::CmEvent> {
+        let now = self.now();
+        let mut buf = vec![0u8; 4096];
+        while let Some(t) = self.ep.poll_transmit(now, &mut buf, &self.mem) {
+            let bytes = t.assemble(&buf, &self.mem);
+            self.sock.send_to(&bytes, SocketAddr::new(t.dst.ip(), self.addr.port())).unwrap();
         }
+        let mut rx = [0u8; 4096];
+        if let Ok((n, from)) = self.sock.recv_from(&mut rx) {
+            let arrival = softrdma_proto::endpoint::Arrival::new(from, self.addr);
+            self.ep.handle_datagram(self.now(), arrival, &rx[..n], &mut self.mem);
+        }
+        std::iter::from_fn(|| self.cm().poll_event()).collect()
+    }
+}
+
+/// An RC REQ from `c` to rdma_cm port `port` at `s`, with no ECE, as Linux rxe's.
+fn plain_req(c: IpAddr, s: IpAddr, port: u16) -> softrdma_proto::cm::Req {
+    use softrdma_proto::cm::{CmPath, CmaHeader, PortSpace as Ps, Req};
+    let gid = |a: IpAddr| match a {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
         IpAddr::V6(v6) => v6.octets(),
     };
-    let req = Req {
+    Req {
         local_comm_id: 0,
         ece_vendor_id: 0,
-        service_id: softrdma_proto::cm::service_id(softrdma_proto::cm::PortSpace::Tcp, 7482),
+        service_id: softrdma_proto::cm::service_id(Ps::Tcp, port),
         local_ca_guid: 0,
         local_qkey: 0,
         local_qpn: 0x77,
@@ -278,42 +304,86 @@ fn a_peer_whose_req_lacks_softrdmas_ece_is_foreign() {
             ..CmPath::default()
         },
         alternate_path: None,
-        private_data: header.with_user_data(&[], Req::PRIVATE_DATA_LEN).unwrap(),
-    };
-    let start = std::time::Instant::now();
-    ep.cm_mut().unwrap().connect(start.elapsed(), s, req).unwrap();
-    let pump = |ep: &mut Endpoint, mem: &mut softrdma_proto::sim::SimMemory| {
-        let now = start.elapsed();
-        let mut buf = vec![0u8; 4096];
-        while let Some(t) = ep.poll_transmit(now, &mut buf, mem) {
-            let bytes = t.assemble(&buf, mem);
-            sock.send_to(&bytes, SocketAddr::new(t.dst.ip(), port)).unwrap();
-        }
-        let mut rx = [0u8; 4096];
-        if let Ok((n, from)) = sock.recv_from(&mut rx) {
-            ep.handle_datagram(start.elapsed(), Arrival::new(from, SocketAddr::new(c, port)), &rx[..n], mem);
-        }
-    };
-    pump(&mut ep, &mut mem);
+        private_data: CmaHeader { src: SocketAddr::new(c, 40000), dst: s }
+            .with_user_data(&[], Req::PRIVATE_DATA_LEN)
+            .unwrap(),
+    }
+}
+
+#[test]
+fn a_peer_whose_req_lacks_softrdmas_ece_is_foreign() {
+    use softrdma_proto::cm::CmEvent;
+    let (c, s) = (ip([127, 0, 6, 30]), ip([127, 0, 6, 31]));
+    let sch = EventChannel::new().unwrap();
+    let listener = CmId::new(&sch, PortSpace::Tcp);
+    listener.bind_addr(SocketAddr::new(s, 7482)).unwrap();
+    listener.listen(8).unwrap();
+    let mut peer = FakePeer::new(c, listener.context().unwrap().local_addr().port());
+    let now = peer.now();
+    peer.cm().connect(now, s, plain_req(c, s, 7482)).unwrap();
+    peer.pump();
     let req = event(&sch, CmEventKind::ConnectRequest);
     let sside = setup_qp(&req.id, QpBuilder::rc());
     req.id.accept(&ConnParam::default()).unwrap();
-    // The REP comes back; no ECE in it either, since the REQ announced none.
-    let mut rep = None;
-    for _ in 0..50 {
-        pump(&mut ep, &mut mem);
-        while let Some(ev) = ep.cm_mut().unwrap().poll_event() {
-            if let CmEvent::ConnectResponse { rep: r, .. } = ev {
-                rep = Some(r);
-            }
-        }
-        if rep.is_some() {
-            break;
-        }
-    }
-    let rep = rep.expect("a REP");
-    assert_eq!(rep.ece_vendor_id, 0, "the REP echoes no ECE to a peer that announced none");
+    let rep = (0..50)
+        .flat_map(|_| peer.pump())
+        .find_map(|e| match e {
+            CmEvent::ConnectResponse { rep, .. } => Some(rep),
+            _ => None,
+        })
+        .expect("a REP");
+    assert_eq!(rep.ece_vendor_id, 0, "no ECE in the REP to a peer that announced none");
     assert!(sside.qp.foreign_peer(), "a REQ without softrdma's ECE makes the peer foreign");
+}
+
+#[test]
+fn a_peer_whose_rep_echoes_the_reqs_ece_is_foreign() {
+    // Linux's rdma_cm answers a REQ's ECE with the same ECE (rxe does, in the lab): a REP
+    // that echoes softrdma's REQ proves nothing.
+    use softrdma_proto::cm::{CmEvent, Rep};
+    let (c, s) = (ip([127, 0, 6, 32]), ip([127, 0, 6, 33]));
+    let svc = softrdma_proto::cm::service_id(softrdma_proto::cm::PortSpace::Tcp, 7483);
+    let cch = EventChannel::new().unwrap();
+    let client = CmId::new(&cch, PortSpace::Tcp);
+    client.resolve_addr(Some(c), SocketAddr::new(s, 7483), WAIT).unwrap();
+    event(&cch, CmEventKind::AddrResolved);
+    client.resolve_route(WAIT).unwrap();
+    event(&cch, CmEventKind::RouteResolved);
+    let mut peer = FakePeer::new(s, client.context().unwrap().local_addr().port());
+    peer.cm().listen(svc, 8).unwrap();
+    let cside = setup_qp(&client, QpBuilder::rc());
+    client.connect(&ConnParam::default()).unwrap();
+    let (id, req) = (0..50)
+        .flat_map(|_| peer.pump())
+        .find_map(|e| match e {
+            CmEvent::ConnectRequest { id, req, .. } => Some((id, req)),
+            _ => None,
+        })
+        .expect("a REQ");
+    assert_eq!(req.ece_vendor_id, softrdma::cm::SOFTRDMA_ECE, "softrdma announces itself");
+    let rep = Rep {
+        local_comm_id: 0,
+        remote_comm_id: 0,
+        local_qkey: 0,
+        local_qpn: 0x99,
+        local_eecn: 0,
+        starting_psn: 0x4321,
+        ece_vendor_id: req.ece_vendor_id,
+        responder_resources: 1,
+        initiator_depth: 1,
+        target_ack_delay: 15,
+        failover_accepted: 0,
+        e2e_flow_control: false,
+        rnr_retry_count: 7,
+        srq: false,
+        local_ca_guid: 0,
+        private_data: Vec::new(),
+    };
+    let now = peer.now();
+    peer.cm().accept(now, id, rep).unwrap();
+    peer.pump();
+    event(&cch, CmEventKind::Established);
+    assert!(cside.qp.foreign_peer(), "an echoed ECE does not make the peer softrdma");
 }
 
 #[test]

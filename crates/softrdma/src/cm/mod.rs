@@ -66,14 +66,18 @@ use crate::{Access, Error, Result};
 /// The Q_Key of rdma_cm's UD QPs (`RDMA_UDP_QKEY`).
 pub const UDP_QKEY: Qkey = Qkey(0x0123_4567);
 
-/// The Enhanced Connection Establishment vendor ID softrdma puts in its REQs, and in a REP
-/// answering a REQ that carried it: the announcement that this side is softrdma and takes
-/// SACKs (selective recovery, see `QueuePair::set_selective` in the protocol crate). A
-/// connection whose peer's REQ or REP lacks it is treated as foreign (go-back-N, the
-/// 128-PSN window, no vendor opcodes), whatever else says the peer is softrdma. An ECE
-/// vendor ID is an IEEE OUI; this one ("SDR") has the locally administered bit set, so it
-/// names no company.
+/// The Enhanced Connection Establishment vendor ID softrdma puts in its REQs: the
+/// announcement that this side is softrdma and takes SACKs (selective recovery, see
+/// `QueuePair::set_selective` in the protocol crate). An ECE vendor ID is an IEEE OUI;
+/// these two ("SDR", "SDS") have the locally administered bit set, so they name no
+/// company.
 pub const SOFTRDMA_ECE: u32 = 0x53_4452;
+/// The ECE vendor ID of softrdma's REP to a REQ that carried [`SOFTRDMA_ECE`]. Not the
+/// same value: Linux's rdma_cm answers a REQ's ECE with the same ECE in its REP (seen
+/// from rxe in the lab), so an echo proves nothing. A connection whose peer's REQ lacks
+/// [`SOFTRDMA_ECE`], or whose REP lacks this, is treated as foreign (go-back-N, the 128-PSN
+/// window, no vendor opcodes), whatever else says the peer is softrdma.
+pub const SOFTRDMA_ECE_REPLY: u32 = 0x53_4453;
 
 /// The local ACK timeout the CM gives RC QPs (4.096 µs × 2^14 ≈ 67 ms), and puts in its
 /// REQs' path.
@@ -911,8 +915,8 @@ impl CmId {
             local_qpn: qpn,
             local_eecn: 0,
             starting_psn: st.psn.get(),
-            // Echoed only to a peer that announced itself.
-            ece_vendor_id: if req.ece_vendor_id == SOFTRDMA_ECE { SOFTRDMA_ECE } else { 0 },
+            // Answered only to a peer that announced itself.
+            ece_vendor_id: if req.ece_vendor_id == SOFTRDMA_ECE { SOFTRDMA_ECE_REPLY } else { 0 },
             responder_resources: ours.responder_resources,
             initiator_depth: ours.initiator_depth,
             target_ack_delay: 15,
