@@ -6,8 +6,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use softrdma_proto::cm::{
-    service_id, CmAgent, CmConfig, CmEvent, CmMad, CmMsg, CmPath, Ids, IdsAndData, PortSpace, Rep, Req,
-    MAX_UNCLAIMED,
+    service_id, CmAgent, CmConfig, CmEvent, CmMad, CmMsg, CmPath, Ids, IdsAndData, MsgKind, PortSpace, Rej,
+    Rep, Req, MAX_UNCLAIMED,
 };
 use softrdma_proto::sim::{Impairments, Network};
 
@@ -300,6 +300,28 @@ fn a_request_that_comes_just_before_its_listener_is_taken() {
     );
     assert!(!w.events[0].iter().any(|e| matches!(e, CmEvent::Rejected { .. })), "{:?}", w.events[0]);
     assert_eq!(w.count(1, |e| matches!(e, CmEvent::ConnectRequest { .. })), 1);
+}
+
+#[test]
+fn a_request_its_peer_gave_up_on_is_not_handed_to_a_late_listener() {
+    let mut w = World::new(6, Impairments::default());
+    let mut r = req(0x40, b"");
+    r.local_comm_id = 77;
+    w.agents[1].handle_mad(w.now, ip(A), &CmMad::new(7, CmMsg::Req(r)).emit());
+    assert!(w.agents[1].poll_timeout().is_some(), "the REQ waits for a listener");
+    // The peer gives up (its REJ names no ID of ours: we never answered).
+    let rej = Rej {
+        ids: Ids { local_comm_id: 77, remote_comm_id: 0 },
+        rejected: MsgKind::Req,
+        ari_length: 0,
+        reason: 1,
+        ari: Vec::new(),
+        private_data: Vec::new(),
+    };
+    w.agents[1].handle_mad(w.now, ip(A), &CmMad::new(8, CmMsg::Rej(rej)).emit());
+    w.agents[1].listen(sid(), 8).unwrap();
+    assert_eq!(w.agents[1].poll_event(), None, "no request for a connection already abandoned");
+    assert_eq!(w.agents[1].poll_timeout(), None);
 }
 
 #[test]

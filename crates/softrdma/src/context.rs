@@ -33,23 +33,17 @@ fn opened() -> &'static Mutex<Opened> {
 /// finish closing.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
-/// Binds `want`; if this process's previous context on it is still closing (another
-/// thread dropped its last handle a moment ago), waits for its socket to close, at most
-/// [`CLOSE_WAIT`].
+/// Binds `want`. If this process's previous context on it was closing (its engine is gone
+/// by now, or [`CLOSE_WAIT`] passed), its socket closes just after its engine's last
+/// strong reference goes: allow a moment past that; a port still taken then is someone
+/// else's.
 fn bind_after_close(want: SocketAddr, closing: Option<Weak<Engine>>) -> Result<UdpLink> {
-    let deadline = Instant::now() + CLOSE_WAIT;
-    let mut gone: Option<Instant> = None;
+    let since = Instant::now();
     loop {
         match UdpLink::bind(want) {
             Err(e @ crate::Error::AddressInUse { .. }) => {
                 let Some(engine) = &closing else { return Err(e) };
-                // The socket closes just after the engine's last strong reference goes:
-                // allow a moment past that; a port still taken then is someone else's.
-                if engine.strong_count() == 0 {
-                    gone.get_or_insert_with(Instant::now);
-                }
-                if Instant::now() >= deadline || gone.is_some_and(|t| t.elapsed() > Duration::from_millis(50))
-                {
+                if engine.strong_count() > 0 || since.elapsed() > Duration::from_millis(50) {
                     return Err(e);
                 }
                 std::thread::sleep(Duration::from_millis(1));
@@ -97,16 +91,28 @@ impl Context {
             return Err(crate::Error::InvalidArgument("the device's address is not its GID gid_index"));
         }
         let want = SocketAddr::new(device.addr, port);
-        let mut table = opened().lock().unwrap_or_else(|p| p.into_inner());
-        let mut closing = None;
-        if port != 0 {
-            if let Some((inner, engine)) = table.get(&want) {
-                if let Some(inner) = inner.upgrade() {
-                    return Ok(Context { inner });
+        let lookup = |table: &Opened| match table.get(&want) {
+            Some((inner, engine)) if port != 0 => match inner.upgrade() {
+                Some(inner) => Ok(Context { inner }),
+                None => Err(Some(engine.clone())),
+            },
+            _ => Err(None),
+        };
+        // A previous context on this address still closing: wait for its engine to go,
+        // without the table (other opens go on meanwhile), then look again (another
+        // thread may have opened, or closed, it since).
+        let deadline = Instant::now() + CLOSE_WAIT;
+        let (mut table, closing) = loop {
+            let table = opened().lock().unwrap_or_else(|p| p.into_inner());
+            match lookup(&table) {
+                Ok(ctx) => return Ok(ctx),
+                Err(Some(engine)) if engine.strong_count() > 0 && Instant::now() < deadline => {
+                    drop(table);
+                    std::thread::sleep(Duration::from_millis(1));
                 }
-                closing = Some(engine.clone());
+                Err(closing) => break (table, closing),
             }
-        }
+        };
         let link = bind_after_close(want, closing)?;
         let local = link.local();
         let inner = Arc::new(ContextInner::start(Engine::new(Box::new(link))?, device)?);

@@ -96,6 +96,16 @@ impl MrInner {
 
     /// [`Self::read`] into a buffer that need not be initialised; returns it, filled.
     pub(crate) fn read_uninit<'b>(&self, off: usize, out: &'b mut [std::mem::MaybeUninit<u8>]) -> &'b [u8] {
+        #[cfg(not(target_arch = "x86_64"))]
+        if let Some(words) = self.words() {
+            out.fill(std::mem::MaybeUninit::new(0));
+            // SAFETY: every byte of `out` was just initialised (the pointer is taken after
+            // the fill, so no reborrow invalidates it).
+            let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len()) };
+            fence(Ordering::Acquire);
+            self.read_words(words, off, bytes);
+            return bytes;
+        }
         let dst = out.as_mut_ptr().cast::<u8>();
         match self.words() {
             None => {
@@ -111,13 +121,7 @@ impl MrInner {
                 unsafe { movsb(dst, byte_ptr(words, off), out.len()) };
             }
             #[cfg(not(target_arch = "x86_64"))]
-            Some(words) => {
-                out.fill(std::mem::MaybeUninit::new(0));
-                // SAFETY: every byte of `out` was just initialised.
-                let bytes = unsafe { std::slice::from_raw_parts_mut(dst, out.len()) };
-                fence(Ordering::Acquire);
-                self.read_words(words, off, bytes);
-            }
+            Some(_) => unreachable!("handled above"),
         }
         // SAFETY: every byte of `out` was written above (u8 has no invalid values).
         unsafe { std::slice::from_raw_parts(dst, out.len()) }
@@ -254,8 +258,8 @@ fn byte_ptr(words: &[AtomicU64], off: usize) -> *mut u8 {
 /// # Safety
 ///
 /// `src` must be valid for reads and `dst` for writes of `n` bytes, the two ranges must not
-/// overlap, and neither may be memory the compiler assumes unchanging for the length of
-/// the call (a `&` to non-`UnsafeCell` bytes).
+/// overlap, and `dst` may not be memory the compiler assumes unchanging for the length of
+/// the call (behind a `&` to non-`UnsafeCell` bytes); `src` need only be readable.
 #[cfg(target_arch = "x86_64")]
 unsafe fn movsb(dst: *mut u8, src: *const u8, n: usize) {
     // SAFETY: the caller's contract; the direction flag is clear (the ABI guarantees it

@@ -810,6 +810,19 @@ impl CmAgent {
 
     fn on_rej(&mut self, peer: IpAddr, rej: Rej) {
         let id = rej.ids.remote_comm_id;
+        if id == 0 {
+            // The peer gave up on a REQ we have not answered: if it waits for a listener,
+            // forget it, so that no listener is handed a connection already abandoned.
+            let before = self.unclaimed.len();
+            self.unclaimed.retain(|u| {
+                !(u.peer == peer
+                    && matches!(u.msg, UnclaimedMsg::Req(_))
+                    && u.msg.remote_id() == rej.ids.local_comm_id)
+            });
+            if self.unclaimed.len() < before {
+                return;
+            }
+        }
         let Some(c) = self.conn_of(peer, id) else {
             self.stats.stray += 1;
             return;

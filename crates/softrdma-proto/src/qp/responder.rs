@@ -91,6 +91,9 @@ pub(super) struct Responder {
     held_count: usize,
     /// A positive ACK waiting alone may wait until then for a packet to go with.
     ack_at: Option<Duration>,
+    /// The ACK queued must go at once (it answers a duplicate, which a requester sends
+    /// when it thinks the ACK lost, or says a gap was filled).
+    ack_urgent: bool,
     /// The PSN of the last positive ACK sent.
     last_ack: Psn,
 }
@@ -123,6 +126,7 @@ impl Responder {
             held: Vec::new(),
             held_count: 0,
             ack_at: None,
+            ack_urgent: false,
             last_ack: rq_psn - 1,
         }
     }
@@ -157,9 +161,10 @@ impl Responder {
     /// After a request was handled at `now`: a lone positive ACK starts its delay if the
     /// QP is expected to send a request soon (`wait`), else it may go at once.
     pub(super) fn schedule_ack(&mut self, now: Duration, wait: bool) {
+        let urgent = std::mem::take(&mut self.ack_urgent);
         if self.tx.is_empty() {
             self.ack_at = None;
-        } else if !wait {
+        } else if !wait || urgent {
             self.ack_at = Some(now);
         } else if self.ack_at.is_none() {
             self.ack_at = Some(now + ACK_DELAY);
@@ -401,6 +406,7 @@ impl QueuePair {
             // Tell the requester at once what the gap's filling changed.
             let last = self.resp.epsn - 1;
             self.resp.queue_ack(last);
+            self.resp.ack_urgent = true;
         }
     }
 
@@ -644,6 +650,8 @@ impl QueuePair {
             Kind::Send | Kind::Write => {
                 let last = self.resp.epsn - 1;
                 self.resp.queue_ack(last);
+                // The requester sent it again because it heard no ACK: one now, not later.
+                self.resp.ack_urgent = true;
             }
             Kind::Read => {
                 let Some(reth) = pkt.reth() else { return };

@@ -376,6 +376,10 @@ fn the_ack_of_a_qp_that_talks_back_waits_a_little_for_company() {
     assert!(t.qp.poll_timeout().is_some_and(|d| d <= deadline));
     t.now = deadline;
     assert_eq!(ops(&t.out()), vec![(Operation::Acknowledge, RQ)]);
+    // A duplicate means the requester missed that ACK (its probe came first): the
+    // answer goes at once.
+    t.request(Operation::RdmaWriteOnly, RQ, BASE, &[1; 8]);
+    assert_eq!(ops(&t.out()), vec![(Operation::Acknowledge, RQ)]);
     // Quiet for longer than TALKS_BACK: ACKs go at once again.
     t.now += responder::TALKS_BACK;
     t.request(Operation::RdmaWriteOnly, RQ + 1, BASE, &[1; 8]);
