@@ -160,7 +160,7 @@ impl QueuePair {
         if news {
             // The peer is receiving: the probe waits from now (what is lost is resent
             // below, on the SACK's word).
-            self.req.probe_at = self.pto().map(|t| now + t);
+            self.req.probe_at = self.pto(now).map(|t| now + t);
         }
         if let (false, Some(lost)) = (went_back, lost) {
             // Resend from the first lost PSN, unless the send position is before it.
@@ -254,7 +254,7 @@ impl QueuePair {
             self.req.probes = 0;
             self.req.probe_mark = None;
         }
-        self.req.probe_at = if self.req.inflight() > 0 { self.pto().map(|t| now + t) } else { None };
+        self.req.probe_at = if self.req.inflight() > 0 { self.pto(now).map(|t| now + t) } else { None };
         self.rearm_ack_timer(now);
     }
 

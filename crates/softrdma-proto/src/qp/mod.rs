@@ -758,6 +758,7 @@ impl QueuePair {
                 return;
             }
             self.handle_request(now, src, tos, pkt, mem, &mut srq);
+            self.resp.last_request = Some(now);
             // An ACK waits for company only on a QP that talks back (it sent a request
             // lately: a ping-pong, an RPC); towards a peer that only sends, the reply it
             // would wait for is not coming, and its sender would wait on the delay.

@@ -455,7 +455,12 @@ impl QueuePair {
     /// still comes after `retry_cnt + 1` ACK timeouts, and a peer receives at most
     /// duplicates, which it acknowledges again (duplicate READs and atomics are answered
     /// as IBTA 9.7.5.1 says).
-    pub(super) fn pto(&self) -> Option<Duration> {
+    ///
+    /// A softrdma peer may hold a lone ACK up to `responder::ACK_DELAY` when its QP talks
+    /// back, which from here looks like a peer that sent this QP a request lately: then
+    /// the probe waits that much longer too (as QUIC's PTO adds the peer's max_ack_delay),
+    /// so that a reply that takes the peer a while draws no spurious resend.
+    pub(super) fn pto(&self, now: Duration) -> Option<Duration> {
         let cap = self.ack_timeout()? / 2;
         // A peer sending SACKs reports every arrival past a gap, so the interval between
         // ACKs that move the cumulative point (long while a gap is repaired) says nothing
@@ -469,6 +474,9 @@ impl QueuePair {
             Some(srtt) => (srtt + 4 * self.req.rttvar).max(ack_gap).max(Duration::from_micros(floor)),
             None => cap,
         };
+        let delayed_acks = !self.foreign_peer
+            && self.resp.last_request.is_some_and(|t| now.saturating_sub(t) < super::responder::TALKS_BACK);
+        let base = if delayed_acks { base + super::responder::ACK_DELAY } else { base };
         Some(base.saturating_mul(1u32 << self.req.probes.min(16)).min(cap))
     }
 
@@ -812,7 +820,7 @@ impl QueuePair {
                     self.req.timed = Some((end_psn - 1, now));
                 }
                 if self.req.probe_at.is_none() {
-                    self.req.probe_at = self.pto().map(|t| now + t);
+                    self.req.probe_at = self.pto(now).map(|t| now + t);
                 }
             }
             // Unacknowledged transports complete a WR once its last packet is out.
@@ -914,7 +922,7 @@ impl QueuePair {
         self.req.reread = Some(self.req.next_psn);
         self.rearm_ack_timer(now);
         self.req.probes += 1;
-        self.req.probe_at = self.pto().map(|t| now + t);
+        self.req.probe_at = self.pto(now).map(|t| now + t);
     }
 
     /// The probe timer (see [`Self::pto`]), when the ACK timer did not fire in the same
@@ -941,7 +949,7 @@ impl QueuePair {
                 self.req.reread = Some(self.req.next_psn);
                 self.req.probes += 1;
                 self.req.probe_mark = Some(self.req.max_sent);
-                self.req.probe_at = self.pto().map(|t| now + t);
+                self.req.probe_at = self.pto(now).map(|t| now + t);
             }
         }
     }

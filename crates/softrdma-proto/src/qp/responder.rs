@@ -91,6 +91,8 @@ pub(super) struct Responder {
     held_count: usize,
     /// A positive ACK waiting alone may wait until then for a packet to go with.
     ack_at: Option<Duration>,
+    /// When the last request came (see `QueuePair::pto`).
+    pub(super) last_request: Option<Duration>,
     /// The ACK queued must go at once (it answers a duplicate, which a requester sends
     /// when it thinks the ACK lost, or says a gap was filled).
     ack_urgent: bool,
@@ -127,6 +129,7 @@ impl Responder {
             held_count: 0,
             ack_at: None,
             ack_urgent: false,
+            last_request: None,
             last_ack: rq_psn - 1,
         }
     }

@@ -387,6 +387,27 @@ fn the_ack_of_a_qp_that_talks_back_waits_a_little_for_company() {
 }
 
 #[test]
+fn the_probe_waits_for_a_peer_that_may_delay_its_ack() {
+    // Two QPs alike, but one heard a request from its peer lately: that peer's QP talks
+    // back and may hold its ACK up to ACK_DELAY, so this side's probe waits that much more.
+    let probe_after = |heard: bool| {
+        let mut t = T::new(QpType::Rc);
+        t.post(1, SendOp::Send, 0, 8);
+        t.out();
+        t.now += Duration::from_micros(10);
+        t.ack(SQ, AethSyndrome::ACK);
+        t.sends();
+        if heard {
+            t.request(Operation::RdmaWriteOnly, RQ, BASE, &[1; 8]);
+        }
+        t.post(2, SendOp::Send, 0, 8);
+        t.out();
+        t.qp.poll_timeout().expect("a probe") - t.now
+    };
+    assert_eq!(probe_after(true), probe_after(false) + responder::ACK_DELAY);
+}
+
+#[test]
 fn an_ack_leaves_with_the_next_request_or_at_once_when_many_psns_are_owed() {
     // A ping-pong: the pong and the ping's ACK go out together, ACK first.
     let mut t = T::new(QpType::Rc);
