@@ -456,8 +456,23 @@ impl Engine {
         let qp = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         let was = qp.state();
         qp.modify(attr)?;
-        if was != QpState::Error && qp.state() == QpState::Error && qp.srq().is_some() {
-            Self::raise(&mut core, AsyncEvent::QpLastWqeReached { qpn: qpn.get() });
+        let state = qp.state();
+        // A peer this device's CM found foreign (its MADs needed the ID-agnostic ICRC
+        // check) is foreign to every QP connected to it, however it was connected: an
+        // external QP an rdma_cm program moves to RTR itself (UCX's) gets no flag from
+        // the CM.
+        if let Some(remote) = qp.remote().filter(|_| !qp.foreign_peer()) {
+            if core.endpoint.peer_is_foreign(remote.ip()) {
+                if let Some(qp) = core.endpoint.qp_mut(qpn) {
+                    qp.set_foreign_peer(true);
+                }
+            }
+        }
+        if was != QpState::Error && state == QpState::Error {
+            let srq = core.endpoint.qp(qpn).is_some_and(|q| q.srq().is_some());
+            if srq {
+                Self::raise(&mut core, AsyncEvent::QpLastWqeReached { qpn: qpn.get() });
+            }
         }
         self.flush(&mut core);
         self.nudge(&mut core);

@@ -226,6 +226,9 @@ struct FakePeer {
     sock: std::net::UdpSocket,
     addr: SocketAddr,
     start: std::time::Instant,
+    /// Send packets whose ICRC holds for IP Identification 0x1234 only, as a kernel's or a
+    /// NIC's do.
+    kernel_ids: bool,
 }
 
 impl FakePeer {
@@ -236,7 +239,7 @@ impl FakePeer {
         let mut ep = softrdma_proto::endpoint::Endpoint::new(addr);
         ep.enable_cm(softrdma_proto::cm::CmConfig { seed: 5, ..Default::default() });
         let mem = softrdma_proto::sim::SimMemory::new(1);
-        FakePeer { ep, mem, sock, addr, start: std::time::Instant::now() }
+        FakePeer { ep, mem, sock, addr, start: std::time::Instant::now(), kernel_ids: false }
     }
 
     fn now(&self) -> Duration {
@@ -253,7 +256,14 @@ impl FakePeer {
         let now = self.now();
         let mut buf = vec![0u8; 4096];
         while let Some(t) = self.ep.poll_transmit(now, &mut buf, &self.mem) {
-            let bytes = t.assemble(&buf, &self.mem);
+            let mut bytes = t.assemble(&buf, &self.mem);
+            if self.kernel_ids {
+                use softrdma_proto::wire::icrc;
+                let encap = icrc::Encap::new(self.addr, t.dst).unwrap().with_ipv4_ident(0x1234, true);
+                let n = bytes.len() - 4;
+                let crc = icrc::compute(&encap, &bytes[..n]);
+                bytes[n..].copy_from_slice(&crc.to_le_bytes());
+            }
             self.sock.send_to(&bytes, SocketAddr::new(t.dst.ip(), self.addr.port())).unwrap();
         }
         let mut rx = [0u8; 4096];
@@ -384,6 +394,57 @@ fn a_peer_whose_rep_echoes_the_reqs_ece_is_foreign() {
     peer.pump();
     event(&cch, CmEventKind::Established);
     assert!(cside.qp.foreign_peer(), "an echoed ECE does not make the peer softrdma");
+}
+
+#[test]
+fn a_qp_connected_by_hand_to_a_peer_the_cm_found_foreign_is_foreign() {
+    // An rdma_cm program that brings its own QP (UCX does) moves it to RTR itself: the CM
+    // never marks it. The peer's CM messages needed the ID-agnostic ICRC check, so the
+    // device knows it is foreign, and the QP is marked when it connects to it.
+    let (c, s) = (ip([127, 0, 6, 34]), ip([127, 0, 6, 35]));
+    let sch = EventChannel::new().unwrap();
+    let listener = CmId::new(&sch, PortSpace::Tcp);
+    listener.bind_addr(SocketAddr::new(s, 7484)).unwrap();
+    listener.listen(8).unwrap();
+    let ctx = listener.context().unwrap();
+    let port = ctx.local_addr().port();
+    let mut peer = FakePeer::new(c, port);
+    peer.kernel_ids = true;
+    let now = peer.now();
+    peer.cm().connect(now, s, plain_req(c, s, 7484)).unwrap();
+    peer.pump();
+    let req = event(&sch, CmEventKind::ConnectRequest);
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(8, None).unwrap();
+    let own = pd.create_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
+    let connect = |qp: &QueuePair, to: IpAddr| {
+        qp.modify(&softrdma::QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            access_flags: Some(Access::LOCAL_WRITE),
+            ..Default::default()
+        })
+        .unwrap();
+        qp.modify(&softrdma::QpAttr {
+            state: Some(QpState::Rtr),
+            path_mtu: Some(softrdma::Mtu::Mtu1024),
+            remote: Some(SocketAddr::new(to, port)),
+            dest_qpn: Some(softrdma::Qpn::new(0x77)),
+            rq_psn: Some(softrdma::Psn::new(0x1234)),
+            max_dest_rd_atomic: Some(1),
+            min_rnr_timer: Some(12),
+            ..Default::default()
+        })
+        .unwrap();
+    };
+    connect(&own, c);
+    assert!(own.foreign_peer(), "connected to a peer whose CM messages came from a kernel");
+    // One connected by hand to an address the CM has not heard from stays softrdma's.
+    let other = pd.create_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
+    connect(&other, ip([127, 0, 6, 36]));
+    assert!(!other.foreign_peer());
+    drop(req);
 }
 
 #[test]
