@@ -49,6 +49,10 @@ const MAX_SLEEP: Duration = Duration::from_millis(20);
 /// thread is busy-polling, so the progress thread can leave the socket to it.
 const BUSY_POLLS: u64 = 16;
 
+/// Peers remembered for what their CM messages announced (see `Core::cm_unannounced`);
+/// past this many, the memory starts afresh (a flood of forged REQs holds no more).
+const MAX_UNANNOUNCED: usize = 4096;
+
 /// Where the engine puts a QP's completions: a completion queue, as far as the engine
 /// knows nothing more.
 pub(crate) trait CompletionSink: Send + Sync + std::fmt::Debug {
@@ -170,6 +174,9 @@ struct Core {
     cm_listeners: HashMap<u64, Weak<dyn CmSink>>,
     /// CM events to hand to their IDs once the lock is released.
     cm_out: Vec<(Weak<dyn CmSink>, CmEvent, bool)>,
+    /// Peers whose last REQ or REP lacked softrdma's ECE (at most `MAX_UNANNOUNCED`),
+    /// for QPs connected to them by hand.
+    cm_unannounced: HashMap<std::net::IpAddr, bool>,
     /// Where every datagram sent and received is written, if capturing.
     capture: Option<crate::capture::SharedCapture>,
 }
@@ -276,6 +283,7 @@ impl Engine {
             cm_routes: HashMap::new(),
             cm_listeners: HashMap::new(),
             cm_out: Vec::new(),
+            cm_unannounced: HashMap::new(),
             capture: crate::capture::from_env(),
         };
         Ok(Engine {
@@ -458,11 +466,12 @@ impl Engine {
         qp.modify(attr)?;
         let state = qp.state();
         // A peer this device's CM found foreign (its MADs needed the ID-agnostic ICRC
-        // check) is foreign to every QP connected to it, however it was connected: an
-        // external QP an rdma_cm program moves to RTR itself (UCX's) gets no flag from
-        // the CM.
+        // check, or its last REQ or REP lacked softrdma's ECE) is foreign to every QP
+        // connected to it, however it was connected: an external QP an rdma_cm program
+        // moves to RTR itself (UCX's) gets no flag from the CM.
         if let Some(remote) = qp.remote().filter(|_| !qp.foreign_peer()) {
-            if core.endpoint.peer_is_foreign(remote.ip()) {
+            let unannounced = core.cm_unannounced.get(&remote.ip()).copied().unwrap_or(false);
+            if unannounced || core.endpoint.peer_is_foreign(remote.ip()) {
                 if let Some(qp) = core.endpoint.qp_mut(qpn) {
                     qp.set_foreign_peer(true);
                 }
@@ -851,6 +860,12 @@ impl Engine {
                 CmEvent::ConnectResponse { rep, .. } => rep.ece_vendor_id != crate::cm::SOFTRDMA_ECE_REPLY,
                 _ => false,
             };
+            if let (Some(p), CmEvent::ConnectRequest { .. } | CmEvent::ConnectResponse { .. }) = (peer, &ev) {
+                if core.cm_unannounced.len() >= MAX_UNANNOUNCED && !core.cm_unannounced.contains_key(&p) {
+                    core.cm_unannounced.clear();
+                }
+                core.cm_unannounced.insert(p, unannounced);
+            }
             let foreign = unannounced || peer.is_some_and(|p| core.endpoint.peer_is_foreign(p));
             match &ev {
                 CmEvent::ConnectRequest { req, .. } => {

@@ -445,6 +445,16 @@ fn a_qp_connected_by_hand_to_a_peer_the_cm_found_foreign_is_foreign() {
     connect(&other, ip([127, 0, 6, 36]));
     assert!(!other.foreign_peer());
     drop(req);
+    // A peer whose packets look like softrdma's but whose REQ lacked softrdma's ECE.
+    let d = ip([127, 0, 6, 37]);
+    let mut quiet = FakePeer::new(d, port);
+    let now = quiet.now();
+    quiet.cm().connect(now, s, plain_req(d, s, 7484)).unwrap();
+    quiet.pump();
+    let _req = event(&sch, CmEventKind::ConnectRequest);
+    let third = pd.create_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
+    connect(&third, d);
+    assert!(third.foreign_peer(), "connected to a peer that did not announce softrdma's ECE");
 }
 
 #[test]
