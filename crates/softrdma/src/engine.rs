@@ -856,17 +856,19 @@ impl Engine {
             // `SOFTRDMA_ECE_REPLY`): a foreign peer never gets SACKs, whatever its IP
             // Identification looks like.
             let unannounced = match &ev {
-                CmEvent::ConnectRequest { req, .. } => req.ece_vendor_id != crate::cm::SOFTRDMA_ECE,
-                CmEvent::ConnectResponse { rep, .. } => rep.ece_vendor_id != crate::cm::SOFTRDMA_ECE_REPLY,
-                _ => false,
+                CmEvent::ConnectRequest { req, .. } => Some(req.ece_vendor_id != crate::cm::SOFTRDMA_ECE),
+                CmEvent::ConnectResponse { rep, .. } => {
+                    Some(rep.ece_vendor_id != crate::cm::SOFTRDMA_ECE_REPLY)
+                }
+                _ => None,
             };
-            if let (Some(p), CmEvent::ConnectRequest { .. } | CmEvent::ConnectResponse { .. }) = (peer, &ev) {
+            if let (Some(p), Some(u)) = (peer, unannounced) {
                 if core.cm_unannounced.len() >= MAX_UNANNOUNCED && !core.cm_unannounced.contains_key(&p) {
                     core.cm_unannounced.clear();
                 }
-                core.cm_unannounced.insert(p, unannounced);
+                core.cm_unannounced.insert(p, u);
             }
-            let foreign = unannounced || peer.is_some_and(|p| core.endpoint.peer_is_foreign(p));
+            let foreign = unannounced == Some(true) || peer.is_some_and(|p| core.endpoint.peer_is_foreign(p));
             match &ev {
                 CmEvent::ConnectRequest { req, .. } => {
                     let Some(sink) = core.cm_listeners.get(&req.service_id).cloned() else {

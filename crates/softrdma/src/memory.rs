@@ -96,35 +96,32 @@ impl MrInner {
 
     /// [`Self::read`] into a buffer that need not be initialised; returns it, filled.
     pub(crate) fn read_uninit<'b>(&self, off: usize, out: &'b mut [std::mem::MaybeUninit<u8>]) -> &'b [u8] {
-        #[cfg(not(target_arch = "x86_64"))]
-        if let Some(words) = self.words() {
-            out.fill(std::mem::MaybeUninit::new(0));
-            // SAFETY: every byte of `out` was just initialised (the pointer is taken after
-            // the fill, so no reborrow invalidates it).
-            let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len()) };
-            fence(Ordering::Acquire);
-            self.read_words(words, off, bytes);
-            return bytes;
-        }
-        let dst = out.as_mut_ptr().cast::<u8>();
+        let len = out.len();
         match self.words() {
             None => {
                 // SAFETY: [off, off + len) is inside the registered range (callers check),
                 // which the register_raw contract keeps valid for reads; `out` is a distinct
                 // buffer of len writable bytes.
-                unsafe { std::ptr::copy_nonoverlapping(self.ptr(off), dst, out.len()) };
+                unsafe { std::ptr::copy_nonoverlapping(self.ptr(off), out.as_mut_ptr().cast::<u8>(), len) };
             }
             #[cfg(target_arch = "x86_64")]
             Some(words) => {
                 fence(Ordering::Acquire);
                 // SAFETY: as in `read`.
-                unsafe { movsb(dst, byte_ptr(words, off), out.len()) };
+                unsafe { movsb(out.as_mut_ptr().cast::<u8>(), byte_ptr(words, off), len) };
             }
             #[cfg(not(target_arch = "x86_64"))]
-            Some(_) => unreachable!("handled above"),
+            Some(words) => {
+                out.fill(std::mem::MaybeUninit::new(0));
+                // SAFETY: every byte of `out` was just initialised.
+                let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), len) };
+                fence(Ordering::Acquire);
+                self.read_words(words, off, bytes);
+            }
         }
-        // SAFETY: every byte of `out` was written above (u8 has no invalid values).
-        unsafe { std::slice::from_raw_parts(dst, out.len()) }
+        // SAFETY: every byte of `out` was written above (u8 has no invalid values); the
+        // pointer is taken from `out` after those writes.
+        unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), len) }
     }
 
     /// [`Self::read`] by atomic words: a partial first word, then whole words (8-byte
