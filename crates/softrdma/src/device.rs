@@ -406,6 +406,7 @@ impl ContextInner {
 impl Drop for ContextInner {
     fn drop(&mut self) {
         self.engine.stop();
+        tracing::debug!(device = %self.device.name, io = ?self.engine.io_stats(), "closing");
         if let Some(t) = self.thread.take() {
             // The last handle can go on the progress thread itself (an object dropped
             // while it hands out events): it then stops on its own, holding the engine

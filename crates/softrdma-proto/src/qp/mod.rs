@@ -784,7 +784,26 @@ impl QueuePair {
 
     /// The next packet this QP wants to send, if any: responses first, then requests.
     pub fn poll_transmit(&mut self, now: Duration, buf: &mut [u8], mem: &dyn Memory) -> Option<Transmit> {
+        let peer = !self.foreign_peer && self.cfg.qp_type != QpType::Ud;
+        // Towards a softrdma peer, a request that is ready goes before the lone positive ACK
+        // that waited for it, and the ACK right after: the shorter packet last, so that the
+        // two leave as one GSO train (one datagram through the kernel on each side, as a
+        // pong that carries its ping's ACK).
+        if peer && self.resp.ack_may_wait(now) && self.requests_ready() {
+            if let Some(t) = self.next_request(now, buf, mem) {
+                self.req.last_request = Some(now);
+                self.resp.ack_now();
+                return Some(t);
+            }
+        }
         if let Some(t) = self.next_response(now, buf, mem) {
+            // Responses to a softrdma peer carry the requests' ECN codepoint (ECT(0)), so
+            // that an ACK may share a train with them; a CE mark on a response is ignored,
+            // and CNPs keep their traffic class.
+            let cnp = buf.first() == Some(&0x81);
+            if peer && !cnp && t.tos & 3 == 0 {
+                return Some(Transmit { tos: t.tos | 0b10, ..t });
+            }
             return Some(t);
         }
         let t = self.next_request(now, buf, mem);

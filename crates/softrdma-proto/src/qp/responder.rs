@@ -140,7 +140,7 @@ impl Responder {
 
     /// The only answer waiting is a positive ACK that may still wait at `now`: it
     /// acknowledges few PSNs and its delay has not run out.
-    fn ack_may_wait(&self, now: Duration) -> bool {
+    pub(super) fn ack_may_wait(&self, now: Duration) -> bool {
         match (self.tx.front(), self.tx.len(), self.ack_at) {
             (Some(Answer::Ack { psn, syndrome: AethSyndrome::Ack { .. } }), 1, Some(at)) => {
                 now < at && psn.distance(self.last_ack) < ACK_OWED_MAX

@@ -409,14 +409,27 @@ fn the_probe_waits_for_a_peer_that_may_delay_its_ack() {
 
 #[test]
 fn an_ack_leaves_with_the_next_request_or_at_once_when_many_psns_are_owed() {
-    // A ping-pong: the pong and the ping's ACK go out together, ACK first.
+    // A ping-pong: the pong and the ping's ACK go out together, the pong first and the
+    // ACK, the shorter packet, right after it, with the pong's ECN codepoint (ECT(0)): the
+    // runtime sends the two as one GSO train.
     let mut t = T::new(QpType::Rc);
     t.post(1, SendOp::Send, 0, 8);
     assert_eq!(ops(&t.out()), vec![(Operation::SendOnly, SQ)]);
     t.request(Operation::RdmaWriteOnly, RQ, BASE, &[1; 8]);
     assert!(t.out().is_empty());
     t.post(2, SendOp::Send, 0, 8);
-    assert_eq!(ops(&t.out()), vec![(Operation::Acknowledge, RQ), (Operation::SendOnly, SQ + 1)]);
+    let send = Opcode::from_parts(Transport::Rc, Operation::SendOnly).unwrap().code();
+    let ack = Opcode::from_parts(Transport::Rc, Operation::Acknowledge).unwrap().code();
+    assert_eq!(raw_out(&mut t), vec![(send, false, 0b10), (ack, false, 0b10)]);
+    // Towards a foreign peer the wire stays as rxe's: the ACK first, not ECN-capable.
+    let mut t = T::new(QpType::Rc);
+    t.qp.set_foreign_peer(true);
+    t.post(1, SendOp::Send, 0, 8);
+    t.out();
+    t.request(Operation::RdmaWriteOnly, RQ, BASE, &[1; 8]);
+    assert!(t.out().is_empty());
+    t.post(2, SendOp::Send, 0, 8);
+    assert_eq!(raw_out(&mut t), vec![(ack, false, 0), (send, false, 0b10)]);
     // A stream into a QP that talks back: sixteen PSNs owed, and the ACK goes without
     // waiting.
     let mut t = T::new(QpType::Rc);
