@@ -48,6 +48,8 @@ fi
 write_bw=$(perf write_bw -s 65536 -D "$DUR" | json bw_average) || write_bw=""
 send_bw=$(perf send_bw -s 65536 -D "$DUR" | json bw_average) || send_bw=""
 udp_bw=$("$PROBE" bw "$DUR" 4096 | awk '{print $2}')
+# The same stream with MSG_ZEROCOPY sends: what zero-copy would buy on this path.
+udp_bw_zc=$("$PROBE" bw-zerocopy "$DUR" 4096 | awk '{print $2}') || udp_bw_zc=""
 ucx_bw=""
 if command -v ucx_perftest >/dev/null 2>&1; then
   UCX_TLS=tcp ucx_perftest -t ucp_am_bw -s 65536 -n 20000 -p 13338 >/dev/null 2>&1 &
@@ -83,12 +85,12 @@ idle_cpu=$(python3 -c "print(round(100*($t1-$t0)/$(getconf CLK_TCK)/10,2))")
 python3 - "$lat_busy" "$lat_event" "$udp_lat" "$ucx_lat" "$write_bw" "$send_bw" "$udp_bw" "$ucx_bw" "$iperf_bw" \
   "$rate" "$udp_rate" "$udp_rate_gso" "$idle_cpu" "$busy_p99" "$busy_p999" "$event_p99" "$event_p999" \
   "$udp_p99" "$udp_p999" "${event_user:-}" "${event_sys:-}" "$udp_wait" "$udp_wait_p99" "$udp_wait_p999" \
-  "$udp_rate_uring" <<'PY'
+  "$udp_rate_uring" "$udp_bw_zc" <<'PY'
 import sys
 v = [float(x) if x not in ("", "None") else None for x in sys.argv[1:]]
 (lat_busy, lat_event, udp_lat, ucx_lat, write_bw, send_bw, udp_bw, ucx_bw, iperf_bw, rate, udp_rate, udp_rate_gso,
  idle, busy_p99, busy_p999, event_p99, event_p999, udp_p99, udp_p999, event_user, event_sys,
- udp_wait, udp_wait_p99, udp_wait_p999, udp_rate_uring) = v
+ udp_wait, udp_wait_p99, udp_wait_p999, udp_rate_uring, udp_bw_zc) = v
 f = lambda x, d=2: "skipped" if x is None else f"{x:.{d}f}"
 r = lambda a, b: None if a is None or b is None or b == 0 else a / b
 print("| measure | softrdma | baseline | value | ratio |")
@@ -103,6 +105,7 @@ rows = [
     ("", "write_bw", write_bw, "UCX over TCP (ucp_am_bw)", ucx_bw),
     ("", "send_bw", send_bw, "raw UDP, GSO+GRO, 4 KiB segments", udp_bw),
     ("", "send_bw", send_bw, "iperf3 (TCP)", iperf_bw),
+    ("", "raw UDP, GSO+GRO", udp_bw, "raw UDP, GSO+GRO, MSG_ZEROCOPY sends", udp_bw_zc),
     ("message rate, 2 B, Mpps", "send_bw -s 2", rate, "raw UDP, 20 B datagrams in GSO trains, GRO", udp_rate_gso),
     ("", "send_bw -s 2", rate, "raw UDP, 20 B, sendmmsg/recvmmsg", udp_rate),
     ("", "raw UDP, sendmmsg/recvmmsg", udp_rate, "raw UDP, 20 B, io_uring SENDMSG/RECVMSG", udp_rate_uring),

@@ -10,6 +10,10 @@
 //! - `bw SECONDS SEGMENT`: sends of up to 64 KiB (and at most 64 segments, the kernel's
 //!   limit) cut into SEGMENT-byte datagrams by UDP GSO, received with GRO; prints MiB/s of
 //!   datagram payload delivered;
+//! - `bw-zerocopy SECONDS SEGMENT`: `bw` with `MSG_ZEROCOPY` sends (`SO_ZEROCOPY`), the
+//!   completions reaped from the error queue; also prints the share of sends the kernel
+//!   reported it copied after all (`SO_EE_CODE_ZEROCOPY_COPIED`: every one delivered to a
+//!   local socket, as on loopback or a veth);
 //! - `rate-gso SECONDS SIZE`: the same with SIZE-byte datagrams, counted: millions of
 //!   datagrams per second, batched as softrdma batches a stream of small messages (GSO
 //!   trains out, GRO trains in), the fair message-rate baseline;
@@ -81,19 +85,84 @@ fn pingpong(n: usize, size: usize, block: bool) {
 }
 
 fn bw(secs: f64, seg: usize) {
-    let (bytes, elapsed) = gso_stream(secs, seg);
+    let (bytes, elapsed) = gso_stream(secs, seg, None);
     println!("udp_gso_gro_bw {:.1} MiB/sec", bytes as f64 / elapsed / (1 << 20) as f64);
 }
 
+fn bw_zerocopy(secs: f64, seg: usize) {
+    let mut zc = ZeroCopy::default();
+    let (bytes, elapsed) = gso_stream(secs, seg, Some(&mut zc));
+    println!(
+        "udp_gso_gro_zerocopy_bw {:.1} MiB/sec sends {} completed {} copied {}",
+        bytes as f64 / elapsed / (1 << 20) as f64,
+        zc.sends,
+        zc.completed,
+        zc.copied
+    );
+}
+
+/// `<linux/errqueue.h>`: a zero-copy completion, and its flag for "copied after all".
+const SO_EE_ORIGIN_ZEROCOPY: u8 = 5;
+const SO_EE_CODE_ZEROCOPY_COPIED: u8 = 1;
+
+/// `MSG_ZEROCOPY` bookkeeping: sends made, and of their completions how many the kernel
+/// says it copied anyway.
+#[derive(Default)]
+struct ZeroCopy {
+    sends: u64,
+    completed: u64,
+    copied: u64,
+}
+
+impl ZeroCopy {
+    /// Reads every completion waiting on `fd`'s error queue.
+    fn reap(&mut self, fd: i32) {
+        loop {
+            let mut control = [0u64; 16];
+            // SAFETY: msghdr is plain old data; the control buffer is a live local.
+            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+            h.msg_control = control.as_mut_ptr().cast();
+            h.msg_controllen = std::mem::size_of_val(&control) as _;
+            // SAFETY: a valid msghdr for a non-blocking read of the socket's error queue.
+            if unsafe { libc::recvmsg(fd, &mut h, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) } < 0 {
+                return;
+            }
+            // SAFETY: the kernel filled `control` with `msg_controllen` bytes of cmsgs; an
+            // IP_RECVERR one carries a sock_extended_err.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&h);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_IP && (*c).cmsg_type == libc::IP_RECVERR {
+                        let e = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::sock_extended_err>());
+                        if e.ee_origin == SO_EE_ORIGIN_ZEROCOPY {
+                            // ee_info..=ee_data: the range of sends this completes.
+                            let n = u64::from(e.ee_data.wrapping_sub(e.ee_info)) + 1;
+                            self.completed += n;
+                            if e.ee_code & SO_EE_CODE_ZEROCOPY_COPIED != 0 {
+                                self.copied += n;
+                            }
+                        }
+                    }
+                    c = libc::CMSG_NXTHDR(&h, c);
+                }
+            }
+        }
+    }
+}
+
 fn rate_gso(secs: f64, size: usize) {
-    let (bytes, elapsed) = gso_stream(secs, size);
+    let (bytes, elapsed) = gso_stream(secs, size, None);
     println!("udp_gso_packet_rate {:.3} Mpps", (bytes / size as u64) as f64 / elapsed / 1e6);
 }
 
 /// Streams GSO trains of `seg`-byte datagrams for `secs`; returns the payload bytes the
-/// receiver got (through GRO) and the time taken.
-fn gso_stream(secs: f64, seg: usize) -> (u64, f64) {
+/// receiver got (through GRO) and the time taken. With `zc`, sends with `MSG_ZEROCOPY`
+/// (the buffer never changes, so a completion only frees its accounting).
+fn gso_stream(secs: f64, seg: usize, mut zc: Option<&mut ZeroCopy>) -> (u64, f64) {
     let (a, b) = pair();
+    if zc.is_some() {
+        set(&a, libc::SOL_SOCKET, libc::SO_ZEROCOPY, 1);
+    }
     set(&b, libc::SOL_UDP, 104 /* UDP_GRO */, 1);
     let stop = Arc::new(AtomicBool::new(false));
     let bytes = Arc::new(AtomicU64::new(0));
@@ -127,7 +196,26 @@ fn gso_stream(secs: f64, seg: usize) -> (u64, f64) {
             (*c).cmsg_len = libc::CMSG_LEN(2) as _;
             std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg as u16);
             h.msg_controllen = libc::CMSG_SPACE(2) as _;
-            libc::sendmsg(fd, &h, 0);
+            match zc.as_deref_mut() {
+                None => {
+                    libc::sendmsg(fd, &h, 0);
+                }
+                Some(z) => {
+                    // ENOBUFS: too many completions unread (the socket's option memory).
+                    if libc::sendmsg(fd, &h, libc::MSG_ZEROCOPY) >= 0 {
+                        z.sends += 1;
+                    }
+                    if z.sends - z.completed >= 32 || z.sends % 8 == 0 {
+                        z.reap(fd);
+                    }
+                }
+            }
+        }
+    }
+    if let Some(z) = zc.as_deref_mut() {
+        let until = Instant::now() + Duration::from_millis(200);
+        while z.completed < z.sends && Instant::now() < until {
+            z.reap(fd);
         }
     }
     let elapsed = start.elapsed().as_secs_f64();
@@ -262,12 +350,13 @@ fn main() {
         Some("pingpong") => pingpong(num(1, 20000.0) as usize, num(2, 8.0) as usize, false),
         Some("pingpong-wait") => pingpong(num(1, 20000.0) as usize, num(2, 8.0) as usize, true),
         Some("bw") => bw(num(1, 3.0), num(2, 4096.0) as usize),
+        Some("bw-zerocopy") => bw_zerocopy(num(1, 3.0), num(2, 4096.0) as usize),
         Some("rate") => rate(num(1, 3.0), num(2, 20.0) as usize),
         Some("rate-gso") => rate_gso(num(1, 3.0), num(2, 20.0) as usize),
         Some("rate-uring") => rate_uring(num(1, 3.0), num(2, 20.0) as usize),
         _ => {
             eprintln!(
-                "usage: udp-probe pingpong [N] [SIZE] | pingpong-wait [N] [SIZE] | bw [SECONDS] [SEGMENT] | rate [SECONDS] [SIZE] \
+                "usage: udp-probe pingpong [N] [SIZE] | pingpong-wait [N] [SIZE] | bw [SECONDS] [SEGMENT] | bw-zerocopy [SECONDS] [SEGMENT] | rate [SECONDS] [SIZE] \
                  | rate-gso [SECONDS] [SIZE] | rate-uring [SECONDS] [SIZE]"
             );
             std::process::exit(2);
