@@ -133,7 +133,8 @@ impl ZeroCopy {
                 let mut c = libc::CMSG_FIRSTHDR(&h);
                 while !c.is_null() {
                     if (*c).cmsg_level == libc::SOL_IP && (*c).cmsg_type == libc::IP_RECVERR {
-                        let e = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::sock_extended_err>());
+                        let e =
+                            std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::sock_extended_err>());
                         if e.ee_origin == SO_EE_ORIGIN_ZEROCOPY {
                             // ee_info..=ee_data: the range of sends this completes.
                             let n = u64::from(e.ee_data.wrapping_sub(e.ee_info)) + 1;

@@ -327,18 +327,54 @@ pub const EMPTY_WC: WorkCompletion = WorkCompletion {
 pub(crate) struct ChannelShared {
     efd: EventFd,
     /// CQs with an event, each with the arming mode the event consumed.
-    events: Mutex<VecDeque<(Arc<CqShared>, u8)>>,
+    events: Mutex<ChannelQueue>,
     unacked: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct ChannelQueue {
+    q: VecDeque<(Arc<CqShared>, u8)>,
+    /// The eventfd was signalled and not drained since.
+    signaled: bool,
+}
+
+thread_local! {
+    /// The channel (its address) this thread waits on while it processes arrivals itself
+    /// (see `wait_event`): events it delivers to that channel need no eventfd signal, as
+    /// the same thread looks for them next.
+    static DELIVERING_TO: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks this thread as delivering to a channel it waits on, until dropped (a panic
+/// included).
+struct Delivering(usize);
+
+impl Delivering {
+    fn to(ch: &ChannelShared) -> Delivering {
+        Delivering(DELIVERING_TO.with(|d| d.replace(ch as *const ChannelShared as usize)))
+    }
+}
+
+impl Drop for Delivering {
+    fn drop(&mut self) {
+        DELIVERING_TO.with(|d| d.set(self.0));
+    }
 }
 
 impl ChannelShared {
     fn notify(&self, cq: Arc<CqShared>, mode: u8) {
         // Signal under the lock that `try_get_event` drains under, so that the fd is
-        // readable exactly while an event waits: a C program polls the fd, then calls
-        // `ibv_get_cq_event`, which must not block.
+        // readable while an event waits: a C program polls the fd, then calls
+        // `ibv_get_cq_event`, which must not block. The one exception is an event the
+        // waiting thread delivers to itself: it takes it before it could wait again, and
+        // signals for whatever it leaves queued (two system calls fewer per event).
         let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        events.push_back((cq, mode));
-        self.efd.signal();
+        events.q.push_back((cq, mode));
+        let own = DELIVERING_TO.with(std::cell::Cell::get) == self as *const Self as usize;
+        if !own && !events.signaled {
+            self.efd.signal();
+            events.signaled = true;
+        }
     }
 }
 
@@ -353,7 +389,7 @@ impl CompletionChannel {
     pub(crate) fn new(ctx: Arc<ContextInner>) -> Result<Self> {
         let shared = Arc::new(ChannelShared {
             efd: EventFd::exposed()?,
-            events: Mutex::new(VecDeque::new()),
+            events: Mutex::new(ChannelQueue::default()),
             unacked: AtomicUsize::new(0),
         });
         Ok(CompletionChannel { shared, ctx })
@@ -370,12 +406,18 @@ impl CompletionChannel {
         loop {
             let (cq, mode) = {
                 let mut events = self.shared.events.lock().unwrap_or_else(|p| p.into_inner());
-                // The fd is readable exactly while an event waits (it is signalled under
-                // this lock as each is queued): clear it when the last one is taken, and
-                // spend no system call when there was none.
-                let ev = events.pop_front()?;
-                if events.is_empty() {
-                    self.shared.efd.drain();
+                // The fd is readable while an event waits (it is signalled under this lock
+                // as events are queued, see `notify`): clear it when the last one is
+                // taken, make it readable if one is left, and spend no system call when
+                // neither is needed.
+                let ev = events.q.pop_front()?;
+                if events.q.is_empty() {
+                    if std::mem::take(&mut events.signaled) {
+                        self.shared.efd.drain();
+                    }
+                } else if !events.signaled {
+                    self.shared.efd.signal();
+                    events.signaled = true;
                 }
                 ev
             };
@@ -438,6 +480,7 @@ impl CompletionChannel {
             let watching = self.ctx.engine.app_watch_begin();
             let ready = sys::wait_readable_any(&fds, Some(left))?;
             if ready & !1 != 0 {
+                let _delivering = Delivering::to(&self.shared);
                 self.ctx.engine.try_progress_quiet();
             }
             drop(watching);

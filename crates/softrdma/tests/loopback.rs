@@ -559,3 +559,80 @@ fn a_pong_and_its_pings_ack_leave_as_one_train() {
     assert!(sb.gso_trains >= rounds / 4, "{sb:?}");
     assert!(sa.gro_trains >= rounds / 4, "{sa:?}");
 }
+
+/// Whether `fd` is readable now.
+fn readable(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd, no wait.
+    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+}
+
+#[test]
+fn the_channel_fd_is_readable_while_an_event_waits() {
+    // Two CQs on one channel, each fired by a SEND to its own QP. The thread waiting on the
+    // channel processes the arrivals itself and so delivers the events to itself, without
+    // signalling the channel's eventfd; when it takes one of two, the fd must still say
+    // that the other waits (a C program polls it before `ibv_get_cq_event`).
+    use std::os::fd::AsRawFd;
+    let (ca, cb) = (ctx(24), ctx(25));
+    let ch = cb.create_channel().unwrap();
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let cqa = ca.create_cq(64, None).unwrap();
+    let cqs = [cb.create_cq(64, Some(&ch)).unwrap(), cb.create_cq(64, Some(&ch)).unwrap()];
+    let mra = pa.register(8, Access::NONE).unwrap();
+    let mrb = pb.register(64, Access::LOCAL_WRITE).unwrap();
+    let mut senders = Vec::new();
+    let mut receivers = Vec::new();
+    for cq in &cqs {
+        let qa = pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
+        let qb = pb.prepare_qp(&QpBuilder::rc(), cq, cq).unwrap();
+        let (ea, eb) = (qa.endpoint(), qb.endpoint());
+        senders.push(qa.handshake(&eb, &ConnectOptions::default()).unwrap());
+        receivers.push(qb.handshake(&ea, &ConnectOptions::default()).unwrap());
+    }
+    let fd = ch.as_raw_fd();
+    let mut both_at_once = 0;
+    for round in 0..20u64 {
+        for (q, cq) in receivers.iter().zip(&cqs) {
+            qb_recv(q, &mrb, round);
+            cq.req_notify(false).unwrap();
+        }
+        std::thread::scope(|s| {
+            let waiter =
+                s.spawn(|| ch.get_event_timeout(Duration::from_secs(20)).unwrap().expect("an event"));
+            std::thread::sleep(Duration::from_millis(20));
+            for q in &senders {
+                send8(q, &mra, round);
+            }
+            let first = waiter.join().unwrap();
+            let fd_says = readable(fd);
+            let second = match ch.try_get_event() {
+                Some(cq) => {
+                    assert!(fd_says, "an event waited behind an fd that was not readable");
+                    both_at_once += 1;
+                    cq
+                }
+                None => {
+                    // The second arrived after the waiter returned: its event comes the
+                    // usual way, through the fd.
+                    let until = Instant::now() + Duration::from_secs(20);
+                    while !readable(fd) {
+                        assert!(Instant::now() < until, "no second event");
+                        std::thread::yield_now();
+                    }
+                    ch.try_get_event().expect("an event behind a readable fd")
+                }
+            };
+            assert_ne!(first.id(), second.id());
+            assert!(!readable(fd), "readable with no event waiting");
+            ch.ack_events(2);
+        });
+        for cq in &cqs {
+            assert_eq!(wait(cq).wr_id, round);
+        }
+        for _ in 0..2 {
+            assert_eq!(wait(&cqa).wr_id, round);
+        }
+    }
+    eprintln!("both events delivered in one pass: {both_at_once} of 20");
+}
