@@ -213,7 +213,7 @@ fn gso_stream(secs: f64, seg: usize, mut zc: Option<&mut ZeroCopy>) -> (u64, f64
             }
         }
     }
-    if let Some(z) = zc.as_deref_mut() {
+    if let Some(z) = zc {
         let until = Instant::now() + Duration::from_millis(200);
         while z.completed < z.sends && Instant::now() < until {
             z.reap(fd);
