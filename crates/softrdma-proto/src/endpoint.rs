@@ -546,7 +546,13 @@ impl Endpoint {
             if let Some(t) = slot.qp.poll_transmit(now, buf, mem) {
                 // Sending arms timers and may complete WQEs (UD): settle it again later.
                 touch(&mut self.touched, qpn, slot);
-                self.ready.push_back(qpn);
+                // A request whose ACK comes next keeps its QP first, so that no other QP's
+                // packet goes between the two (they leave as one train).
+                if slot.qp.take_ack_follows() {
+                    self.ready.push_front(qpn);
+                } else {
+                    self.ready.push_back(qpn);
+                }
                 return Some(t);
             }
             slot.ready = false;

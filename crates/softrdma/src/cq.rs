@@ -345,19 +345,29 @@ thread_local! {
     static DELIVERING_TO: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Marks this thread as delivering to a channel it waits on, until dropped (a panic
-/// included).
-struct Delivering(usize);
+/// Marks this thread as delivering to a channel it waits on, until dropped. If a panic
+/// ends the delivery, the events it queued without a signal get one, for other waiters.
+struct Delivering<'a> {
+    ch: &'a ChannelShared,
+    before: usize,
+}
 
-impl Delivering {
-    fn to(ch: &ChannelShared) -> Delivering {
-        Delivering(DELIVERING_TO.with(|d| d.replace(ch as *const ChannelShared as usize)))
+impl<'a> Delivering<'a> {
+    fn to(ch: &'a ChannelShared) -> Delivering<'a> {
+        Delivering { ch, before: DELIVERING_TO.with(|d| d.replace(ch as *const ChannelShared as usize)) }
     }
 }
 
-impl Drop for Delivering {
+impl Drop for Delivering<'_> {
     fn drop(&mut self) {
-        DELIVERING_TO.with(|d| d.set(self.0));
+        DELIVERING_TO.with(|d| d.set(self.before));
+        if std::thread::panicking() {
+            let mut events = self.ch.events.lock().unwrap_or_else(|p| p.into_inner());
+            if !events.q.is_empty() {
+                self.ch.efd.signal();
+                events.signaled = true;
+            }
+        }
     }
 }
 
@@ -370,8 +380,10 @@ impl ChannelShared {
         // signals for whatever it leaves queued (two system calls fewer per event).
         let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
         events.q.push_back((cq, mode));
+        // Signalled even if `signaled` says it was: a program that read the fd itself
+        // would otherwise never see it readable again.
         let own = DELIVERING_TO.with(std::cell::Cell::get) == self as *const Self as usize;
-        if !own && !events.signaled {
+        if !own {
             self.efd.signal();
             events.signaled = true;
         }
@@ -408,14 +420,13 @@ impl CompletionChannel {
                 let mut events = self.shared.events.lock().unwrap_or_else(|p| p.into_inner());
                 // The fd is readable while an event waits (it is signalled under this lock
                 // as events are queued, see `notify`): clear it when the last one is
-                // taken, make it readable if one is left, and spend no system call when
-                // neither is needed.
+                // taken, if it was signalled, and make it readable if one is left.
                 let ev = events.q.pop_front()?;
                 if events.q.is_empty() {
                     if std::mem::take(&mut events.signaled) {
                         self.shared.efd.drain();
                     }
-                } else if !events.signaled {
+                } else {
                     self.shared.efd.signal();
                     events.signaled = true;
                 }

@@ -300,6 +300,8 @@ pub struct QueuePair {
     foreign_peer: bool,
     /// Selective recovery as a responder: see [`Self::set_selective`].
     selective: bool,
+    /// The request just returned left its waiting ACK to come next (`take_ack_follows`).
+    ack_follows: bool,
     /// While a multicast packet is handled: the group it was sent to (the destination in
     /// the receive buffer's GRH area).
     mcast_dst: Option<IpAddr>,
@@ -347,6 +349,7 @@ impl QueuePair {
             stats: QpStats::default(),
             foreign_peer: false,
             selective: false,
+            ack_follows: false,
         }
     }
 
@@ -786,22 +789,30 @@ impl QueuePair {
     pub fn poll_transmit(&mut self, now: Duration, buf: &mut [u8], mem: &dyn Memory) -> Option<Transmit> {
         let peer = !self.foreign_peer && self.cfg.qp_type != QpType::Ud;
         // Towards a softrdma peer, a request that is ready goes before the lone positive ACK
-        // that waited for it, and the ACK right after: the shorter packet last, so that the
-        // two leave as one GSO train (one datagram through the kernel on each side, as a
-        // pong that carries its ping's ACK).
-        if peer && self.resp.ack_may_wait(now) && self.requests_ready() {
+        // that waited for it, and the ACK right after (`ack_follows`): the shorter packet
+        // last, so that the two leave as one GSO train (one datagram through the kernel on
+        // each side, as a pong that carries its ping's ACK). Not before a zero-length
+        // SEND, the one request shorter than an ACK.
+        if peer && self.resp.ack_may_wait(now) && self.requests_ready() && !self.next_is_empty_send() {
             if let Some(t) = self.next_request(now, buf, mem) {
                 self.req.last_request = Some(now);
                 self.resp.ack_now();
+                self.ack_follows = true;
                 return Some(t);
             }
         }
         if let Some(t) = self.next_response(now, buf, mem) {
-            // Responses to a softrdma peer carry the requests' ECN codepoint (ECT(0)), so
-            // that an ACK may share a train with them; a CE mark on a response is ignored,
-            // and CNPs keep their traffic class.
-            let cnp = buf.first() == Some(&0x81);
-            if peer && !cnp && t.tos & 3 == 0 {
+            // A plain ACK or NAK to a softrdma peer carries the requests' ECN codepoint
+            // (ECT(0)), so that it may share a train with them; a CE mark on it means
+            // nothing to the peer, and a router that would have dropped it marks it
+            // instead. Responses with data (READ responses) stay not ECN-capable: nothing
+            // answers a CE mark on them.
+            let ack = crate::wire::Opcode::from_parts(
+                crate::wire::Transport::Rc,
+                crate::wire::Operation::Acknowledge,
+            )
+            .is_some_and(|o| buf.first() == Some(&o.code()));
+            if peer && ack && t.tos & 3 == 0 {
                 return Some(Transmit { tos: t.tos | 0b10, ..t });
             }
             return Some(t);
@@ -811,6 +822,18 @@ impl QueuePair {
             self.req.last_request = Some(now);
         }
         t
+    }
+
+    /// Whether the packet just returned by `poll_transmit` was a request with the ACK that
+    /// waited for it still to come: the caller should take this QP's next packet at once,
+    /// so that the two stay together (one GSO train). Reading it clears it.
+    pub fn take_ack_follows(&mut self) -> bool {
+        std::mem::take(&mut self.ack_follows)
+    }
+
+    /// Whether the next request to go is a zero-length SEND (16 bytes, shorter than an ACK).
+    fn next_is_empty_send(&self) -> bool {
+        self.sq.get(self.req.send_idx).is_some_and(|w| w.len == 0 && matches!(w.op, SendOp::Send))
     }
 
     /// Lets a positive ACK that waits for company go with the next `poll_transmit`: call it

@@ -804,3 +804,89 @@ fn requests_are_ecn_capable_and_cnps_shrink_the_window_that_acks_grow_back() {
     t.ack(SQ + sent as u32, AethSyndrome::ACK);
     assert!(t.qp.stats().cwnd > once, "{} after {once}", t.qp.stats().cwnd);
 }
+
+#[test]
+fn a_zero_length_send_goes_after_the_ack_and_read_responses_are_not_ecn_capable() {
+    let send = Opcode::from_parts(Transport::Rc, Operation::SendOnly).unwrap().code();
+    let ack = Opcode::from_parts(Transport::Rc, Operation::Acknowledge).unwrap().code();
+    // A zero-length SEND (16 bytes) is shorter than the ACK: it cannot end a train behind
+    // it, so the ACK goes first, as before.
+    let mut t = T::new(QpType::Rc);
+    t.post(1, SendOp::Send, 0, 8);
+    t.out();
+    t.request(Operation::RdmaWriteOnly, RQ, BASE, &[1; 8]);
+    assert!(t.out().is_empty());
+    t.post(2, SendOp::Send, 0, 0);
+    assert_eq!(raw_out(&mut t), vec![(ack, false, 0b10), (send, false, 0b10)]);
+    // READ responses carry data, and nothing answers a CE mark on them: not ECN-capable.
+    let mut t = T::new(QpType::Rc);
+    t.request(Operation::RdmaReadRequest, RQ, BASE, &[]);
+    let read_only = Opcode::from_parts(Transport::Rc, Operation::RdmaReadResponseOnly).unwrap().code();
+    assert_eq!(raw_out(&mut t), vec![(read_only, false, 0)]);
+}
+
+#[test]
+fn the_endpoint_keeps_a_request_and_its_following_ack_together() {
+    // Two QPs of one endpoint, each with a waiting ACK and a request ready: each request
+    // is followed by its own QP's ACK, not by the other QP's request.
+    use crate::endpoint::{Arrival, Endpoint};
+    let mut ep = Endpoint::new(me());
+    let mut mem = SimMemory::new(1);
+    let (lkey, rkey) = mem.register(PdId(1), BASE, 65536, all()).unwrap();
+    let cfg = QpConfig {
+        qp_type: QpType::Rc,
+        pd: PdId(1),
+        local: me(),
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+        srq: None,
+    };
+    let qpns: Vec<Qpn> = (0..2).map(|_| ep.create_qp(cfg.clone())).collect();
+    let post = |ep: &mut Endpoint, mem: &SimMemory, qpn: Qpn| {
+        let wr = SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: vec![Sge { addr: BASE, length: 8, lkey }],
+            flags: SendFlags::default(),
+            ud: None,
+        };
+        ep.qp_mut(qpn).unwrap().post_send(wr, mem).unwrap();
+    };
+    let mut buf = vec![0u8; 9000];
+    let now = Duration::from_millis(1);
+    for &q in &qpns {
+        for a in attrs(QpType::Rc) {
+            ep.qp_mut(q).unwrap().modify(&a).unwrap();
+        }
+        post(&mut ep, &mem, q);
+    }
+    while ep.poll_transmit(now, &mut buf, &mem).is_some() {}
+    // A WRITE from the peer to each: their ACKs wait, for the QPs talk back.
+    let encap = icrc::Encap::new(peer(), me()).unwrap();
+    for &q in &qpns {
+        let op = Opcode::from_parts(Transport::Rc, Operation::RdmaWriteOnly).unwrap();
+        let mut b = BthRepr::new(op, q, Psn::new(RQ));
+        b.ack_req = true;
+        let mut r = PacketRepr::new(b, 8);
+        r.ext.reth = Some(RethRepr { va: BASE, rkey, dma_len: 8 });
+        let mut pkt = vec![0u8; 200];
+        let n = r.emit(&mut pkt, &[5; 8], &encap).unwrap();
+        ep.handle_datagram(now, Arrival::new(peer(), me()), &pkt[..n], &mut mem);
+    }
+    assert!(ep.poll_transmit(now, &mut buf, &mem).is_none(), "the ACKs wait");
+    for &q in &qpns {
+        post(&mut ep, &mem, q);
+    }
+    let mut order = Vec::new();
+    while let Some(t) = ep.poll_transmit(now, &mut buf, &mem) {
+        let bytes = t.assemble(&buf, &mem);
+        let p = Packet::new_checked(&bytes[..]).unwrap();
+        order.push((p.opcode().operation(), p.bth().psn().get()));
+    }
+    let ops: Vec<Operation> = order.iter().map(|o| o.0).collect();
+    assert_eq!(
+        ops,
+        vec![Operation::SendOnly, Operation::Acknowledge, Operation::SendOnly, Operation::Acknowledge],
+        "{order:?}"
+    );
+}
