@@ -841,7 +841,7 @@ fn the_endpoint_keeps_a_request_and_its_following_ack_together() {
         sq_sig_all: false,
         srq: None,
     };
-    let qpns: Vec<Qpn> = (0..2).map(|_| ep.create_qp(cfg.clone())).collect();
+    let qpns: Vec<Qpn> = (0..2).map(|_| ep.create_qp(cfg)).collect();
     let post = |ep: &mut Endpoint, mem: &SimMemory, qpn: Qpn| {
         let wr = SendWr {
             wr_id: 1,
