@@ -1214,8 +1214,9 @@ impl Engine {
     /// The progress thread's loop.
     ///
     /// While an application thread is busy-polling a CQ it receives the packets itself;
-    /// the progress thread then stays off the link (waking every millisecond to check)
-    /// instead of waking for every packet and competing for the CPU and the engine lock.
+    /// the progress thread then stays off the link (waking every millisecond to check,
+    /// without a pass of its own while the polling goes on) instead of waking for every
+    /// packet and competing for the CPU and the engine lock.
     pub(crate) fn run(self: Arc<Self>) {
         let mut fds = self.link_fds.clone();
         fds.push(self.wake.as_raw_fd());
