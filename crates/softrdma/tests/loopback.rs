@@ -635,4 +635,32 @@ fn the_channel_fd_is_readable_while_an_event_waits() {
         }
     }
     eprintln!("both events delivered in one pass: {both_at_once} of 20");
+    // A thread that waited on the channel (delivering to itself) and later delivers an
+    // event from an ordinary poll signals the fd as any thread does.
+    qb_recv(&receivers[0], &mrb, 100);
+    cqs[0].req_notify(false).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(20));
+            send8(&senders[0], &mra, 100);
+        });
+        assert_eq!(ch.get_event_timeout(Duration::from_secs(20)).unwrap().map(|c| c.id()), Some(cqs[0].id()));
+    });
+    assert_eq!(wait(&cqs[0]).wr_id, 100);
+    qb_recv(&receivers[0], &mrb, 101);
+    cqs[0].req_notify(false).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(20));
+            send8(&senders[0], &mra, 101);
+        });
+        let mut one = [softrdma::EMPTY_WC];
+        let until = Instant::now() + Duration::from_secs(20);
+        while cqs[0].poll(&mut one) == 0 {
+            assert!(Instant::now() < until, "no completion");
+        }
+        assert_eq!(one[0].wr_id, 101);
+    });
+    assert!(readable(fd), "an event delivered by an ordinary poll left the fd unreadable");
+    assert!(ch.try_get_event().is_none(), "its completion was polled already");
 }
