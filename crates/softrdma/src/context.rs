@@ -53,6 +53,29 @@ fn bind_after_close(want: SocketAddr, closing: Option<Weak<Engine>>) -> Result<U
     }
 }
 
+/// Has the process, when it exits, send the ACKs its open devices still hold back (see
+/// [`Engine::release_all_acks`]): a program that receives its last message and exits
+/// without closing anything would otherwise leave its peer without the ACK of that
+/// message, and the peer's send would end in RETRY_EXC_ERR. Registered once, with
+/// `atexit`, so it runs on `exit` and on a return from `main` (not on `_exit` or a signal).
+fn release_acks_at_exit() {
+    extern "C" fn at_exit() {
+        // Never block the exit on a table some thread holds.
+        let Ok(table) = opened().try_lock() else { return };
+        let engines: Vec<Arc<Engine>> = table.values().filter_map(|(_, e)| e.upgrade()).collect();
+        drop(table);
+        for e in engines {
+            e.release_all_acks();
+        }
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a function with no arguments that touches only process-wide
+        // state that lives as long as the process (the table, engines it keeps alive).
+        unsafe { libc::atexit(at_exit) };
+    });
+}
+
 /// An opened device (`ibv_context`).
 #[derive(Debug, Clone)]
 pub struct Context {
@@ -118,6 +141,7 @@ impl Context {
         let inner = Arc::new(ContextInner::start(Engine::new(Box::new(link))?, device)?);
         table.retain(|_, (_, e)| e.strong_count() > 0);
         table.insert(local, (Arc::downgrade(&inner), Arc::downgrade(&inner.engine)));
+        release_acks_at_exit();
         Ok(Context { inner })
     }
 

@@ -49,6 +49,9 @@ const MAX_SLEEP: Duration = Duration::from_millis(20);
 /// thread is busy-polling, so the progress thread can leave the socket to it.
 const BUSY_POLLS: u64 = 16;
 
+/// The longest an exiting process waits for an engine's lock to send its held ACKs.
+const EXIT_LOCK_WAIT: Duration = Duration::from_millis(100);
+
 /// Peers remembered for what their CM messages announced (see `Core::cm_unannounced`);
 /// past this many, the memory starts afresh (a flood of forged REQs holds no more).
 const MAX_UNANNOUNCED: usize = 4096;
@@ -354,6 +357,30 @@ impl Engine {
             qp.send_acks_now();
             self.flush(core);
         }
+    }
+
+    /// Sends every ACK that waits for company (a delayed ACK), for a process about to
+    /// exit. Waits for the engine lock at most `EXIT_LOCK_WAIT`: an exit never hangs on a
+    /// thread that holds it.
+    pub(crate) fn release_all_acks(&self) {
+        let since = Instant::now();
+        let mut core = loop {
+            match self.core.try_lock() {
+                Ok(core) => break core,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) if since.elapsed() < EXIT_LOCK_WAIT => {
+                    std::thread::yield_now();
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+        };
+        let qpns: Vec<Qpn> = core.endpoint.qps().map(QueuePair::qpn).collect();
+        for qpn in qpns {
+            if let Some(qp) = core.endpoint.qp_mut(qpn) {
+                qp.send_acks_now();
+            }
+        }
+        self.flush(&mut core);
     }
 
     /// Destroys a QP. Its outstanding work requests are flushed to its CQs first

@@ -664,3 +664,90 @@ fn the_channel_fd_is_readable_while_an_event_waits() {
     assert!(readable(fd), "an event delivered by an ordinary poll left the fd unreadable");
     assert!(ch.try_get_event().is_none(), "its completion was polled already");
 }
+
+/// The child process of `a_process_that_exits_at_once_still_acknowledges_its_last_message`.
+fn exit_child(parent: &str) {
+    use std::io::{BufRead, Write};
+    let f: Vec<&str> = parent.split(' ').collect();
+    let peer = softrdma::EndpointInfo {
+        addr: f[0].parse().unwrap(),
+        qpn: f[1].parse().unwrap(),
+        psn: f[2].parse().unwrap(),
+        mtu: f[3].parse().unwrap(),
+        region: None,
+    };
+    let c = ctx(27);
+    let pd = c.alloc_pd();
+    let cq = c.create_cq(8, None).unwrap();
+    let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
+    let p = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
+    let me = p.endpoint();
+    let qp = p.handshake(&peer, &ConnectOptions::default()).unwrap();
+    println!("INFO {} {} {} {}", me.addr, me.qpn, me.psn, me.mtu);
+    std::io::stdout().flush().unwrap();
+    let mut go = String::new();
+    std::io::stdin().lock().read_line(&mut go).unwrap();
+    // Busy-poll a while first, as a latency-bound program does: the device's progress
+    // thread then leaves the link and the timers to this thread (see `Engine::run`), so
+    // nothing but the exit itself can send the ACK held below.
+    let until = Instant::now() + Duration::from_millis(20);
+    while Instant::now() < until {
+        assert!(cq.poll_one().is_none());
+    }
+    qb_recv(&qp, &mr, 1);
+    send8(&qp, &mr, 2);
+    // The pong: its ACK waits for company (this QP just sent the ping), and the process
+    // exits at once, closing nothing.
+    loop {
+        if let Some(wc) = cq.poll_one() {
+            if wc.wr_id == 1 {
+                assert_eq!(wc.status, WcStatus::Success);
+                std::process::exit(0);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_process_that_exits_at_once_still_acknowledges_its_last_message() {
+    use std::io::{BufRead, BufReader, Write};
+    if let Ok(parent) = std::env::var("SOFTRDMA_TEST_EXIT_CHILD") {
+        exit_child(&parent);
+        return;
+    }
+    let c = ctx(26);
+    let pd = c.alloc_pd();
+    let cq = c.create_cq(8, None).unwrap();
+    let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
+    let p = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
+    let me = p.endpoint();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_process_that_exits_at_once_still_acknowledges_its_last_message", "--nocapture"])
+        .env("SOFTRDMA_TEST_EXIT_CHILD", format!("{} {} {} {}", me.addr, me.qpn, me.psn, me.mtu))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let info =
+        lines.find_map(|l| l.ok()?.strip_prefix("INFO ").map(str::to_owned)).expect("the child's endpoint");
+    let f: Vec<&str> = info.split(' ').collect();
+    let peer = softrdma::EndpointInfo {
+        addr: f[0].parse().unwrap(),
+        qpn: f[1].parse().unwrap(),
+        psn: f[2].parse().unwrap(),
+        mtu: f[3].parse().unwrap(),
+        region: None,
+    };
+    // A missing ACK fails the pong after five ACK timeouts of 67 ms (the child is gone,
+    // no resend draws an answer); long enough that a busy machine's scheduling does not.
+    let opts = ConnectOptions { timeout: 14, retry_cnt: 4, ..ConnectOptions::default() };
+    let qp = p.handshake(&peer, &opts).unwrap();
+    qb_recv(&qp, &mr, 1);
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert_eq!(wait(&cq).wr_id, 1, "the ping");
+    send8(&qp, &mr, 2);
+    let wc = wait(&cq);
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success), "the pong's ACK never came");
+    assert!(child.wait().unwrap().success());
+}
