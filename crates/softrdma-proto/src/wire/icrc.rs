@@ -107,33 +107,37 @@ impl IcrcHasher {
     /// Starts an ICRC over the pseudo-LRH and the masked IP and UDP headers of a datagram
     /// whose UDP payload (ICRC included) is `udp_payload_len` bytes long.
     pub fn new(encap: &Encap, udp_payload_len: usize) -> IcrcHasher {
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&[0xFF; 8]);
+        // The pseudo-LRH, the masked IP header and the masked UDP header, in one buffer
+        // and one CRC update (each update has a fixed cost; this runs for every packet).
+        let mut pre = [0xFFu8; 8 + 40 + 8];
         let udp_len = (8 + udp_payload_len) as u16;
-        match encap.ip {
+        let ip_len = match encap.ip {
             IpFields::V4 { src, dst, ident, dont_fragment } => {
                 let total = udp_len.wrapping_add(20).to_be_bytes();
                 let id = ident.to_be_bytes();
                 let flags = if dont_fragment { 0x40 } else { 0 };
-                let mut h = [
-                    0x45, 0xFF, total[0], total[1], id[0], id[1], flags, 0, 0xFF, 17, 0xFF, 0xFF, 0, 0, 0, 0,
-                    0, 0, 0, 0,
-                ];
+                let h = &mut pre[8..28];
+                h[..12].copy_from_slice(&[
+                    0x45, 0xFF, total[0], total[1], id[0], id[1], flags, 0, 0xFF, 17, 0xFF, 0xFF,
+                ]);
                 h[12..16].copy_from_slice(&src.octets());
                 h[16..20].copy_from_slice(&dst.octets());
-                crc.update(&h);
+                20
             }
             IpFields::V6 { src, dst } => {
                 let plen = udp_len.to_be_bytes();
-                let mut h = [0u8; 40];
+                let h = &mut pre[8..48];
                 h[..8].copy_from_slice(&[0x6F, 0xFF, 0xFF, 0xFF, plen[0], plen[1], 17, 0xFF]);
                 h[8..24].copy_from_slice(&src.octets());
                 h[24..40].copy_from_slice(&dst.octets());
-                crc.update(&h);
+                40
             }
-        }
+        };
         let (s, d, l) = (encap.src_port.to_be_bytes(), encap.dst_port.to_be_bytes(), udp_len.to_be_bytes());
-        crc.update(&[s[0], s[1], d[0], d[1], l[0], l[1], 0xFF, 0xFF]);
+        let end = 8 + ip_len + 8;
+        pre[8 + ip_len..end].copy_from_slice(&[s[0], s[1], d[0], d[1], l[0], l[1], 0xFF, 0xFF]);
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&pre[..end]);
         IcrcHasher { crc }
     }
 
