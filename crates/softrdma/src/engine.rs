@@ -399,7 +399,9 @@ impl Engine {
                 core.link.leave(group);
             }
         }
-        core.endpoint.destroy_qp(qpn);
+        if let Some(qp) = core.endpoint.destroy_qp(qpn) {
+            tracing::debug!(qpn = %format_args!("{:#08x}", qpn.get()), stats = ?qp.stats(), "QP destroyed");
+        }
         core.routes.remove(&qpn.get());
     }
 

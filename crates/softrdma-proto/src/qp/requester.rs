@@ -470,8 +470,17 @@ impl QueuePair {
         // is lower when the probe would resend a few packets only (every other one held
         // by a SACK peer): a spurious one costs little, a late one a stalled window.
         let floor = if self.req.sack_peer && self.req.unheld() <= 4 { 10 } else { 50 };
+        // Without SACKs a probe goes back N, resending the whole window: wait at least two
+        // round trips (as TCP's tail-loss probe), for a stream's round trip is mostly the
+        // queue it keeps, steady enough that `4 * rttvar` is a few microseconds, and a
+        // scheduling hiccup of the receiver passed for the loss of a window.
+        let spread = if self.req.sack_peer {
+            4 * self.req.rttvar
+        } else {
+            (4 * self.req.rttvar).max(self.req.srtt.unwrap_or_default())
+        };
         let base = match self.req.srtt {
-            Some(srtt) => (srtt + 4 * self.req.rttvar).max(ack_gap).max(Duration::from_micros(floor)),
+            Some(srtt) => (srtt + spread).max(ack_gap).max(Duration::from_micros(floor)),
             None => cap,
         };
         let delayed_acks = !self.foreign_peer
@@ -938,6 +947,14 @@ impl QueuePair {
             // not be sent again there.
             let may = self.req.rnr_until.is_none() && self.state == QpState::Rts;
             if self.req.inflight() > 0 && may {
+                tracing::debug!(
+                    srtt = ?self.req.srtt,
+                    rttvar = ?self.req.rttvar,
+                    inflight = self.req.inflight(),
+                    since_progress = ?self.req.last_progress.map(|t| now.saturating_sub(t)),
+                    probes = self.req.probes,
+                    "probe: nothing acknowledged for a probe timeout"
+                );
                 self.stats.probes += 1;
                 self.req.go_back_guard = None;
                 self.req.ack_every = true;

@@ -890,3 +890,24 @@ fn the_endpoint_keeps_a_request_and_its_following_ack_together() {
         "{order:?}"
     );
 }
+
+#[test]
+fn a_go_back_n_probe_waits_two_round_trips_even_when_they_hardly_vary() {
+    // A stream's round trip is mostly its own queue: steady, so `4 * rttvar` is tiny. A
+    // probe towards a peer that sends no SACKs resends the whole window, so it waits at
+    // least two round trips, not one and a hair.
+    let mut t = T::new(QpType::Rc);
+    let rtt = Duration::from_micros(100);
+    for k in 0..12 {
+        t.post(k, SendOp::Send, 0, 8);
+        assert_eq!(t.out().len(), 1);
+        t.now += rtt;
+        t.ack(SQ + k as u32, AethSyndrome::ACK);
+        t.sends();
+    }
+    t.post(99, SendOp::Send, 0, 8);
+    t.out();
+    let wait = t.qp.poll_timeout().expect("a probe") - t.now;
+    assert!(wait >= 2 * rtt, "probe after {wait:?} with a steady {rtt:?} round trip");
+    assert!(wait < 3 * rtt, "probe after {wait:?}");
+}
