@@ -59,7 +59,12 @@ fn bind_after_close(want: SocketAddr, closing: Option<Weak<Engine>>) -> Result<U
 /// message, and the peer's send would end in RETRY_EXC_ERR. Registered once, with
 /// `atexit`, so it runs on `exit` and on a return from `main` (not on `_exit` or a signal).
 fn release_acks_at_exit() {
+    static PID: OnceLock<u32> = OnceLock::new();
     extern "C" fn at_exit() {
+        // Not in a forked child: its copies of the devices are not its own to speak for.
+        if PID.get() != Some(&std::process::id()) {
+            return;
+        }
         // Never block the exit on a table some thread holds.
         let Ok(table) = opened().try_lock() else { return };
         let engines: Vec<Arc<Engine>> = table.values().filter_map(|(_, e)| e.upgrade()).collect();
@@ -70,6 +75,7 @@ fn release_acks_at_exit() {
     }
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        PID.get_or_init(std::process::id);
         // SAFETY: registers a function with no arguments that touches only process-wide
         // state that lives as long as the process (the table, engines it keeps alive).
         unsafe { libc::atexit(at_exit) };
