@@ -486,7 +486,7 @@ impl Endpoint {
             return Some(Transmit {
                 dst,
                 head_len: len,
-                payload: Vec::new(),
+                payload: crate::memory::Segments::Empty,
                 pd: PdId(0),
                 tail: [0; 7],
                 tail_len: 0,
@@ -601,11 +601,15 @@ impl Endpoint {
     /// any way), so that the caller can move them to its completion queues.
     pub fn poll_completions(&mut self, mut f: impl FnMut(&mut QueuePair)) {
         self.settle();
-        for qpn in std::mem::take(&mut self.pending) {
+        // Taken and given back emptied: the list keeps its capacity (no allocation per
+        // pass).
+        let mut pending = std::mem::take(&mut self.pending);
+        for qpn in pending.drain(..) {
             let Some(slot) = self.qps.get_mut(&qpn) else { continue };
             slot.pending = false;
             f(&mut slot.qp);
         }
+        self.pending = pending;
     }
 }
 

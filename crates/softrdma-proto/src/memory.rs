@@ -155,6 +155,58 @@ pub struct Segment {
     pub len: u32,
 }
 
+/// The segments of a packet's payload. Nearly every packet has one (a work request with
+/// one scatter/gather entry, a READ response), kept inline: building and sending a packet
+/// allocates nothing; more go to the heap.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Segments {
+    /// No payload.
+    #[default]
+    Empty,
+    /// One segment.
+    One(Segment),
+    /// Two or more.
+    Many(Vec<Segment>),
+}
+
+impl Segments {
+    /// Appends `seg`.
+    pub fn push(&mut self, seg: Segment) {
+        *self = match std::mem::take(self) {
+            Segments::Empty => Segments::One(seg),
+            Segments::One(first) => Segments::Many(vec![first, seg]),
+            Segments::Many(mut v) => {
+                v.push(seg);
+                Segments::Many(v)
+            }
+        };
+    }
+
+    /// The segments, in order.
+    pub fn as_slice(&self) -> &[Segment] {
+        match self {
+            Segments::Empty => &[],
+            Segments::One(seg) => std::slice::from_ref(seg),
+            Segments::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::Deref for Segments {
+    type Target = [Segment];
+    fn deref(&self) -> &[Segment] {
+        self.as_slice()
+    }
+}
+
+impl<'a> IntoIterator for &'a Segments {
+    type Item = &'a Segment;
+    type IntoIter = std::slice::Iter<'a, Segment>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_slice().iter()
+    }
+}
+
 /// Registered memory as the transport sees it.
 ///
 /// Every method validates the key against `pd`, the rights and the bounds itself; a

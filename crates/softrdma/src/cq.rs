@@ -486,10 +486,13 @@ impl CompletionChannel {
             // Wait on the device socket too: when a packet arrives, this thread processes it
             // itself, which saves the hop through the progress thread on the way to the
             // event; the progress thread stays off the link meanwhile.
-            let mut fds = vec![self.shared.efd.as_raw_fd()];
-            fds.extend_from_slice(self.ctx.engine.link_fds());
+            let link = self.ctx.engine.link_fds();
+            let mut fds = [-1; 8];
+            fds[0] = self.shared.efd.as_raw_fd();
+            let n = 1 + link.len().min(7);
+            fds[1..n].copy_from_slice(&link[..n - 1]);
             let watching = self.ctx.engine.app_watch_begin();
-            let ready = sys::wait_readable_any(&fds, Some(left))?;
+            let ready = sys::wait_readable_any(&fds[..n], Some(left))?;
             if ready & !1 != 0 {
                 let _delivering = Delivering::to(&self.shared);
                 self.ctx.engine.try_progress_quiet();

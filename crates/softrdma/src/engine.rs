@@ -174,6 +174,8 @@ struct Core {
     link: Box<dyn Link>,
     slots: Vec<u8>,
     out: Vec<OutMsg>,
+    /// The iovec vectors of messages sent, kept for the next ones (no allocation per send).
+    iov_pool: Vec<crate::sys::EmptyIovs>,
     /// The IDs of the CM's connections.
     cm_routes: HashMap<CommId, CmRoute>,
     /// Listening IDs by service ID.
@@ -286,6 +288,7 @@ impl Engine {
             link,
             slots: vec![0; BATCH * SLOT],
             out: Vec::with_capacity(BATCH),
+            iov_pool: Vec::new(),
             cm_routes: HashMap::new(),
             cm_listeners: HashMap::new(),
             cm_out: Vec::new(),
@@ -1074,9 +1077,9 @@ impl Engine {
             self.cm_pump(core);
         }
         loop {
-            let Core { endpoint, mem, slots, out: msgs, link, capture, .. } = &mut *core;
+            let Core { endpoint, mem, slots, out: msgs, iov_pool, link, capture, .. } = &mut *core;
             let gso = link.gso();
-            msgs.clear();
+            iov_pool.extend(msgs.drain(..).map(OutMsg::into_iov));
             // ((destination, TOS), segment size, segments, bytes, still open) of the last
             // message.
             let mut train: Option<Train> = None;
@@ -1090,7 +1093,8 @@ impl Engine {
                     && matches!(train, Some((dst, size, segs, bytes, true))
                         if dst == (t.dst, t.tos) && len <= size && segs < GSO_MAX_SEGS && bytes + len <= GSO_MAX_BYTES);
                 if !joins {
-                    msgs.push(OutMsg::new(local, t.dst, t.tos));
+                    let iov = iov_pool.pop().unwrap_or_else(|| crate::sys::EmptyIovs::with_capacity(8));
+                    msgs.push(OutMsg::with_iov(local, t.dst, t.tos, iov));
                     train = Some(((t.dst, t.tos), len, 0, 0, !t.alone));
                 }
                 let (Some(msg), Some(tr)) = (msgs.last_mut(), train.as_mut()) else { break };

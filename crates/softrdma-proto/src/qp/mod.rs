@@ -41,7 +41,7 @@ pub use psnset::SACK_SPAN;
 pub use srq::{Srq, SrqId};
 pub use wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
 
-use crate::memory::{Access, Memory, PdId, Segment};
+use crate::memory::{Access, Memory, PdId, Segment, Segments};
 use crate::wire::{icrc, Packet, PacketRepr, ICRC_LEN};
 use crate::{Psn, Qkey, Qpn};
 
@@ -140,7 +140,7 @@ pub struct Transmit {
     /// payload.
     pub head_len: usize,
     /// Payload to gather from memory, in order, after the head.
-    pub payload: Vec<Segment>,
+    pub payload: Segments,
     /// The protection domain the segments belong to.
     pub pd: PdId,
     /// Pad bytes and ICRC, to append after the payload.
@@ -919,7 +919,7 @@ impl QueuePair {
         &self,
         dst: SocketAddr,
         head: &[u8],
-        payload: Vec<Segment>,
+        payload: Segments,
         pad: usize,
         mem: &dyn Memory,
     ) -> Result<Transmit, crate::memory::MemError> {
@@ -984,8 +984,8 @@ impl QueuePair {
 }
 
 /// Splits `[offset, offset + len)` of a scatter/gather list into memory segments.
-fn sgl_segments(sgl: &[Sge], mut offset: u64, mut len: u64) -> Vec<Segment> {
-    let mut out = Vec::new();
+fn sgl_segments(sgl: &[Sge], mut offset: u64, mut len: u64) -> Segments {
+    let mut out = Segments::Empty;
     for s in sgl {
         let sl = u64::from(s.length);
         if offset >= sl {
@@ -1019,7 +1019,7 @@ fn scatter(
     data: &[u8],
 ) -> Result<(), crate::memory::MemError> {
     let mut done = 0usize;
-    for seg in sgl_segments(sgl, offset, data.len() as u64) {
+    for seg in &sgl_segments(sgl, offset, data.len() as u64) {
         let n = seg.len as usize;
         mem.write(pd, seg.key, seg.addr, &data[done..done + n], Access::LOCAL_WRITE)?;
         done += n;

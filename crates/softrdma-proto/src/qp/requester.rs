@@ -624,7 +624,7 @@ impl QueuePair {
         let off = self.req.send_offset;
         let opcode = |op| Opcode::from_parts(transport, op);
         let mut inline: &[u8] = &[];
-        let mut payload = Vec::new();
+        let mut payload = crate::memory::Segments::Empty;
         let (repr, psn, payload_len, last) = match w.op {
             SendOp::Read { remote_addr, rkey } => {
                 let psn = w.first_psn + off / pmtu;

@@ -805,7 +805,7 @@ impl QueuePair {
             Answer::Ack { psn, syndrome } => {
                 let mut r = PacketRepr::new(BthRepr::new(rc(Operation::Acknowledge)?, dest_qp, psn), 0);
                 r.ext.aeth = Some(AethRepr { syndrome, msn });
-                (r, Vec::new(), true)
+                (r, crate::memory::Segments::Empty, true)
             }
             Answer::Sack => {
                 self.resp.tx.pop_front();
@@ -822,19 +822,21 @@ impl QueuePair {
                     PsnBits::BYTES,
                 );
                 let head_len = Self::emit_head(&repr, buf, &bits.to_le_bytes())?;
-                return self.finish_packet(dst, &buf[..head_len], Vec::new(), 0, mem).ok();
+                return self
+                    .finish_packet(dst, &buf[..head_len], crate::memory::Segments::Empty, 0, mem)
+                    .ok();
             }
             Answer::Cnp => {
                 let mut bth = BthRepr::new(Opcode::new(0x81)?, dest_qp, Psn::new(0));
                 bth.becn = true;
                 self.stats.cnps_sent += 1;
-                (PacketRepr::new(bth, 0), Vec::new(), true)
+                (PacketRepr::new(bth, 0), crate::memory::Segments::Empty, true)
             }
             Answer::AtomicAck { psn, orig } => {
                 let mut r = PacketRepr::new(BthRepr::new(rc(Operation::AtomicAcknowledge)?, dest_qp, psn), 0);
                 r.ext.aeth = Some(AethRepr { syndrome: AethSyndrome::ACK, msn });
                 r.ext.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
-                (r, Vec::new(), true)
+                (r, crate::memory::Segments::Empty, true)
             }
             Answer::Read { psn, va, rkey, len, ref mut sent } => {
                 let plen = (len - *sent).min(pmtu);
@@ -854,7 +856,11 @@ impl QueuePair {
                 let seg =
                     Segment { key: MemKey::Remote(rkey), addr: va.wrapping_add(*sent), len: plen as u32 };
                 *sent += plen;
-                (r, if plen > 0 { vec![seg] } else { Vec::new() }, last)
+                (
+                    r,
+                    if plen > 0 { crate::memory::Segments::One(seg) } else { crate::memory::Segments::Empty },
+                    last,
+                )
             }
         };
         if done {

@@ -90,8 +90,13 @@ pub(crate) fn wait_readable<const N: usize>(
 /// Waits until one of up to 64 `fds` is readable or `timeout` passes (`None`: forever).
 /// Returns a bit mask of the readable ones.
 pub(crate) fn wait_readable_any(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<u64> {
-    let mut pfds: Vec<libc::pollfd> =
-        fds.iter().take(64).map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    // On the stack: a thread that sleeps per message allocates nothing for it.
+    let mut all = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 64];
+    let n = fds.len().min(64);
+    for (p, &fd) in all.iter_mut().zip(fds) {
+        *p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    }
+    let pfds = &mut all[..n];
     let ts = timeout.map(|t| libc::timespec {
         tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
         tv_nsec: t.subsec_nanos() as libc::c_long,
@@ -137,6 +142,25 @@ fn from_storage(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
             )))
         }
         _ => None,
+    }
+}
+
+/// An empty iovec vector kept for its capacity (see [`OutMsg::into_iov`]).
+pub(crate) struct EmptyIovs(Vec<libc::iovec>);
+
+impl EmptyIovs {
+    /// A new one, room for `n` pieces.
+    pub(crate) fn with_capacity(n: usize) -> EmptyIovs {
+        EmptyIovs(Vec::with_capacity(n))
+    }
+}
+
+// SAFETY: the vector is empty: it holds no pointer.
+unsafe impl Send for EmptyIovs {}
+
+impl std::fmt::Debug for EmptyIovs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EmptyIovs({})", self.0.capacity())
     }
 }
 
@@ -186,16 +210,18 @@ impl std::fmt::Debug for OutMsg {
 }
 
 impl OutMsg {
-    pub(crate) fn new(src: SocketAddr, dst: SocketAddr, tos: u8) -> OutMsg {
-        OutMsg {
-            dst: socket2::SockAddr::from(dst),
-            to: dst,
-            src,
-            tos,
-            iov: Vec::with_capacity(8),
-            gso: None,
-            control: [0; 8],
-        }
+    /// A message with no pieces yet, whose iovecs go into `iov` (emptied: a vector kept
+    /// from an earlier message, for its capacity).
+    pub(crate) fn with_iov(src: SocketAddr, dst: SocketAddr, tos: u8, iov: EmptyIovs) -> OutMsg {
+        let iov = iov.0;
+        OutMsg { dst: socket2::SockAddr::from(dst), to: dst, src, tos, iov, gso: None, control: [0; 8] }
+    }
+
+    /// Gives back the message's iovec vector, emptied, for [`Self::with_iov`].
+    pub(crate) fn into_iov(self) -> EmptyIovs {
+        let mut iov = self.iov;
+        iov.clear();
+        EmptyIovs(iov)
     }
 }
 
@@ -224,51 +250,68 @@ pub(crate) struct Sent {
 ///
 /// Every iovec must point to memory that is readable for its length during the call.
 pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> Sent {
-    let mut hdrs: Vec<libc::mmsghdr> = msgs
-        .iter_mut()
-        .map(|m| {
-            // SAFETY: msghdr is plain old data; all-zero is valid before we fill it in.
-            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-            // The kernel only reads the name of a message it sends.
-            h.msg_name = m.dst.as_ptr().cast_mut().cast();
-            h.msg_namelen = m.dst.len();
-            h.msg_iov = m.iov.as_mut_ptr();
-            h.msg_iovlen = m.iov.len() as _;
-            if m.gso.is_some() || m.tos != 0 {
-                h.msg_control = m.control.as_mut_ptr().cast();
-                h.msg_controllen = std::mem::size_of_val(&m.control) as _;
-                let mut used = 0;
-                // SAFETY: the control buffer is 64 aligned bytes, room for two cmsghdrs with
-                // an int each (24 bytes each); CMSG_FIRSTHDR/CMSG_NXTHDR return pointers
-                // inside it while msg_controllen covers the whole buffer.
-                unsafe {
-                    let mut c = libc::CMSG_FIRSTHDR(&h);
-                    if let Some(size) = m.gso {
-                        (*c).cmsg_level = libc::SOL_UDP;
-                        (*c).cmsg_type = UDP_SEGMENT;
-                        (*c).cmsg_len = libc::CMSG_LEN(2) as _;
-                        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size);
-                        used += libc::CMSG_SPACE(2) as usize;
-                        c = libc::CMSG_NXTHDR(&h, c);
-                    }
-                    if m.tos != 0 && !c.is_null() {
-                        let (level, ty) = if m.to.is_ipv4() {
-                            (libc::IPPROTO_IP, libc::IP_TOS)
-                        } else {
-                            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
-                        };
-                        (*c).cmsg_level = level;
-                        (*c).cmsg_type = ty;
-                        (*c).cmsg_len = libc::CMSG_LEN(4) as _;
-                        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), m.tos.into());
-                        used += libc::CMSG_SPACE(4) as usize;
-                    }
+    thread_local! {
+        /// The message headers of the last batch this thread sent, kept for their
+        /// capacity: a send allocates nothing.
+        static HDRS: std::cell::RefCell<Vec<libc::mmsghdr>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    HDRS.with(|h| match h.try_borrow_mut() {
+        // SAFETY: the caller's contract, passed on.
+        Ok(mut hdrs) => unsafe { send_batch_in(fd, msgs, &mut hdrs) },
+        // SAFETY: as above; a reentrant call (none is made) gets headers of its own.
+        Err(_) => unsafe { send_batch_in(fd, msgs, &mut Vec::new()) },
+    })
+}
+
+/// [`send_batch`] with its headers built in `hdrs`.
+///
+/// # Safety
+///
+/// As for [`send_batch`].
+unsafe fn send_batch_in(fd: RawFd, msgs: &mut [OutMsg], hdrs: &mut Vec<libc::mmsghdr>) -> Sent {
+    hdrs.clear();
+    hdrs.extend(msgs.iter_mut().map(|m| {
+        // SAFETY: msghdr is plain old data; all-zero is valid before we fill it in.
+        let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+        // The kernel only reads the name of a message it sends.
+        h.msg_name = m.dst.as_ptr().cast_mut().cast();
+        h.msg_namelen = m.dst.len();
+        h.msg_iov = m.iov.as_mut_ptr();
+        h.msg_iovlen = m.iov.len() as _;
+        if m.gso.is_some() || m.tos != 0 {
+            h.msg_control = m.control.as_mut_ptr().cast();
+            h.msg_controllen = std::mem::size_of_val(&m.control) as _;
+            let mut used = 0;
+            // SAFETY: the control buffer is 64 aligned bytes, room for two cmsghdrs with
+            // an int each (24 bytes each); CMSG_FIRSTHDR/CMSG_NXTHDR return pointers
+            // inside it while msg_controllen covers the whole buffer.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&h);
+                if let Some(size) = m.gso {
+                    (*c).cmsg_level = libc::SOL_UDP;
+                    (*c).cmsg_type = UDP_SEGMENT;
+                    (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size);
+                    used += libc::CMSG_SPACE(2) as usize;
+                    c = libc::CMSG_NXTHDR(&h, c);
                 }
-                h.msg_controllen = used as _;
+                if m.tos != 0 && !c.is_null() {
+                    let (level, ty) = if m.to.is_ipv4() {
+                        (libc::IPPROTO_IP, libc::IP_TOS)
+                    } else {
+                        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
+                    };
+                    (*c).cmsg_level = level;
+                    (*c).cmsg_type = ty;
+                    (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), m.tos.into());
+                    used += libc::CMSG_SPACE(4) as usize;
+                }
             }
-            libc::mmsghdr { msg_hdr: h, msg_len: 0 }
-        })
-        .collect();
+            h.msg_controllen = used as _;
+        }
+        libc::mmsghdr { msg_hdr: h, msg_len: 0 }
+    }));
     let mut out = Sent::default();
     let mut at = 0;
     while at < hdrs.len() {
