@@ -178,17 +178,25 @@ impl Bounce {
     }
 }
 
-/// Posts `wr` with `data` as its payload, copied at once (`IBV_SEND_INLINE`); an errno.
-fn post_inline(q: &Qp, mut wr: SendWr, data: &[&[u8]]) -> c_int {
+/// Posts `wr` with the bytes its SGEs name as its payload, copied at once
+/// (`IBV_SEND_INLINE`); an errno.
+///
+/// # Safety
+/// The SGEs of `wr` name readable memory (verbs' contract for inline data).
+unsafe fn post_inline(q: &Qp, mut wr: SendWr) -> c_int {
     let mut bounce = q.bounce.lock().unwrap_or_else(|e| e.into_inner());
-    let total: usize = data.iter().map(|d| d.len()).sum();
+    let total: usize = wr.sg_list.iter().map(|s| s.length as usize).sum();
     let Some(b) = bounce.as_mut().filter(|b| total <= b.buf.len()) else { return libc::EINVAL };
     let mut at = 0;
-    for d in data {
+    for s in &wr.sg_list {
+        // SAFETY: by the contract.
+        let d = unsafe { raw_bytes(s.addr, s.length as usize) };
         b.buf[at..at + d.len()].copy_from_slice(d);
         at += d.len();
     }
-    wr.sg_list = vec![Sge { addr: b.buf.as_ptr() as u64, length: total as u32, lkey: b.mr.lkey() }];
+    // The list's own vector carries the one bounce SGE: nothing allocated per post.
+    wr.sg_list.clear();
+    wr.sg_list.push(Sge { addr: b.buf.as_ptr() as u64, length: total as u32, lkey: b.mr.lkey() });
     wr.flags.inline = true;
     errno_of(guard_rt(|| q.rt.post_send(wr)))
 }
@@ -576,9 +584,7 @@ pub(crate) unsafe extern "C" fn post_send(
                     }
                     // SAFETY: the program's SGEs name readable memory (verbs' contract),
                     // and the total was bounded above.
-                    let parts: Vec<&[u8]> =
-                        sw.sg_list.iter().map(|s| raw_bytes(s.addr, s.length as usize)).collect();
-                    post_inline(q, sw.clone(), &parts)
+                    post_inline(q, sw)
                 }
                 Some(sw) => errno_of(guard_rt(|| q.rt.post_send(sw))),
             },
@@ -917,7 +923,17 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp) -> c_int {
     let Some(list) = taken else { return libc::EINVAL };
     for (w, data) in list {
         let r = match data {
-            Some(d) => post_inline(q, w, &[&d]),
+            Some(d) => {
+                let mut w = w;
+                w.sg_list.clear();
+                w.sg_list.push(Sge {
+                    addr: d.as_ptr() as u64,
+                    length: d.len() as u32,
+                    lkey: softrdma::Lkey(0),
+                });
+                // SAFETY: the one SGE names `d`, alive through the call.
+                unsafe { post_inline(q, w) }
+            }
             None => errno_of(guard_rt(|| q.rt.post_send(w))),
         };
         if r != 0 {

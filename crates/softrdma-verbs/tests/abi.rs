@@ -295,3 +295,78 @@ fn errors_are_answered_as_rdma_core_answers_them() {
         ibv_close_device(f.ctx);
     }
 }
+
+#[test]
+fn inline_sends_carry_the_bytes_of_unregistered_memory_as_they_were_at_post() {
+    unsafe {
+        let f = open();
+        let mut qps = Vec::new();
+        for _ in 0..2 {
+            let mut init = ibv_qp_init_attr {
+                qp_context: ptr::null_mut(),
+                send_cq: f.cq,
+                recv_cq: f.cq,
+                srq: ptr::null_mut(),
+                cap: ibv_qp_cap {
+                    max_send_wr: 16,
+                    max_recv_wr: 16,
+                    max_send_sge: 2,
+                    max_recv_sge: 1,
+                    max_inline_data: 64,
+                },
+                qp_type: IBV_QPT_RC,
+                sq_sig_all: 0,
+            };
+            let qp = ibv_create_qp(f.pd, &mut init);
+            assert!(!qp.is_null(), "create_qp: errno {}", errno());
+            qps.push(qp);
+        }
+        let (a, b) = (qps[0], qps[1]);
+        connect(&f, a, (*b).qp_num);
+        connect(&f, b, (*a).qp_num);
+        let mut dst = vec![0u8; 256];
+        let mr_dst = ibv_reg_mr(f.pd, dst.as_mut_ptr().cast(), dst.len(), 0x1);
+        for round in 0..3u8 {
+            let mut rsge = ibv_sge { addr: dst.as_ptr() as u64, length: 256, lkey: (*mr_dst).lkey };
+            let mut rwr = ibv_recv_wr {
+                wr_id: 70 + u64::from(round),
+                next: ptr::null_mut(),
+                sg_list: &mut rsge,
+                num_sge: 1,
+            };
+            assert_eq!(post_recv(b, &mut rwr), 0);
+            // Two pieces from memory no MR covers, with lkeys that name nothing: inline data
+            // is taken at the post, and the program may change it at once.
+            let mut first = [round.wrapping_mul(3).wrapping_add(1); 20];
+            let mut second: Vec<u8> = (0..30).map(|k| k ^ round).collect();
+            let mut sges = [
+                ibv_sge { addr: first.as_ptr() as u64, length: 20, lkey: 0xdead },
+                ibv_sge { addr: second.as_ptr() as u64, length: 30, lkey: 0xbeef },
+            ];
+            let mut wr = send_wr(10 + u64::from(round), &mut sges[0], IBV_WR_SEND);
+            wr.num_sge = 2;
+            wr.send_flags |= 8; // IBV_SEND_INLINE
+            assert_eq!(post_send(a, &mut wr).0, 0);
+            let mut want = first.to_vec();
+            want.extend_from_slice(&second);
+            first.fill(0xEE);
+            second.fill(0xEE);
+            let wcs = poll(f.cq, 2);
+            let recv = wcs.iter().find(|w| w.wr_id == 70 + u64::from(round)).expect("receive completion");
+            assert_eq!((recv.status, recv.byte_len), (0, 50));
+            assert_eq!(&dst[..50], &want[..], "round {round}");
+        }
+        // More than the QP's inline limit is refused at the post.
+        let big = [0u8; 65];
+        let mut sge = ibv_sge { addr: big.as_ptr() as u64, length: 65, lkey: 0 };
+        let mut wr = send_wr(99, &mut sge, IBV_WR_SEND);
+        wr.send_flags |= 8;
+        assert_eq!(post_send(a, &mut wr).0, libc::EINVAL);
+        assert_eq!(ibv_destroy_qp(a), 0);
+        assert_eq!(ibv_destroy_qp(b), 0);
+        assert_eq!(ibv_dereg_mr(mr_dst), 0);
+        assert_eq!(ibv_destroy_cq(f.cq), 0);
+        assert_eq!(ibv_dealloc_pd(f.pd), 0);
+        assert_eq!(ibv_close_device(f.ctx), 0);
+    }
+}
