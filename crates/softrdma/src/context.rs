@@ -59,28 +59,35 @@ fn bind_after_close(want: SocketAddr, closing: Option<Weak<Engine>>) -> Result<U
 /// message, and the peer's send would end in RETRY_EXC_ERR. Registered once, with
 /// `atexit`, so it runs on `exit` and on a return from `main` (not on `_exit` or a signal).
 fn release_acks_at_exit() {
-    static PID: OnceLock<u32> = OnceLock::new();
     extern "C" fn at_exit() {
-        // Not in a forked child: its copies of the devices are not its own to speak for.
-        if PID.get() != Some(&std::process::id()) {
+        // Not in a forked child that opened nothing of its own: the devices it inherited
+        // are not its to speak for.
+        if EXIT_PID.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
             return;
         }
-        // Never block the exit on a table some thread holds.
-        let Ok(table) = opened().try_lock() else { return };
-        let engines: Vec<Arc<Engine>> = table.values().filter_map(|(_, e)| e.upgrade()).collect();
-        drop(table);
-        for e in engines {
-            e.release_all_acks();
-        }
+        // Nothing may unwind out of an atexit handler; an exit goes on whatever happens.
+        let _ = std::panic::catch_unwind(|| {
+            // Never block the exit on a table some thread holds.
+            let Ok(table) = opened().try_lock() else { return };
+            let engines: Vec<Arc<Engine>> = table.values().filter_map(|(_, e)| e.upgrade()).collect();
+            drop(table);
+            for e in engines {
+                e.release_all_acks();
+            }
+        });
     }
+    // The process that opened a device last (a forked child that opens its own takes over).
+    EXIT_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        PID.get_or_init(std::process::id);
         // SAFETY: registers a function with no arguments that touches only process-wide
         // state that lives as long as the process (the table, engines it keeps alive).
         unsafe { libc::atexit(at_exit) };
     });
 }
+
+/// The process whose devices the exit hook speaks for (see `release_acks_at_exit`).
+static EXIT_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// An opened device (`ibv_context`).
 #[derive(Debug, Clone)]

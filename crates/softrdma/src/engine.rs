@@ -373,7 +373,8 @@ impl Engine {
         let mut core = loop {
             match self.core.try_lock() {
                 Ok(core) => break core,
-                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                // A pass panicked: leave its state alone at exit.
+                Err(std::sync::TryLockError::Poisoned(_)) => return,
                 Err(std::sync::TryLockError::WouldBlock) if since.elapsed() < EXIT_LOCK_WAIT => {
                     std::thread::yield_now();
                 }

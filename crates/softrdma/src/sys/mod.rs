@@ -255,12 +255,18 @@ pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> Sent {
         /// capacity: a send allocates nothing.
         static HDRS: std::cell::RefCell<Vec<libc::mmsghdr>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    HDRS.with(|h| match h.try_borrow_mut() {
-        // SAFETY: the caller's contract, passed on.
-        Ok(mut hdrs) => unsafe { send_batch_in(fd, msgs, &mut hdrs) },
-        // SAFETY: as above; a reentrant call (none is made) gets headers of its own.
-        Err(_) => unsafe { send_batch_in(fd, msgs, &mut Vec::new()) },
-    })
+    // SAFETY (all three calls): the caller's contract, passed on.
+    let kept = HDRS.try_with(|h| match h.try_borrow_mut() {
+        Ok(mut hdrs) => Some(unsafe { send_batch_in(fd, msgs, &mut hdrs) }),
+        Err(_) => None,
+    });
+    match kept {
+        Ok(Some(sent)) => sent,
+        // A reentrant call (none is made), or a thread whose locals are gone already (a
+        // process exiting sends its held ACKs from an `atexit` handler, which glibc runs
+        // after the exiting thread's destructors): headers of its own.
+        _ => unsafe { send_batch_in(fd, msgs, &mut Vec::new()) },
+    }
 }
 
 /// [`send_batch`] with its headers built in `hdrs`.
