@@ -911,3 +911,47 @@ fn a_go_back_n_probe_waits_two_round_trips_even_when_they_hardly_vary() {
     assert!(wait >= 2 * rtt, "probe after {wait:?} with a steady {rtt:?} round trip");
     assert!(wait < 3 * rtt, "probe after {wait:?}");
 }
+
+#[test]
+fn the_endpoint_takes_ready_qps_in_turn() {
+    // Packets of two QPs, none of them waiting for an ACK: one of each in turn, so that a
+    // busy QP never starves another.
+    use crate::endpoint::Endpoint;
+    let mut ep = Endpoint::new(me());
+    let mut mem = SimMemory::new(1);
+    let (lkey, _) = mem.register(PdId(1), BASE, 65536, all()).unwrap();
+    let cfg = QpConfig {
+        qp_type: QpType::Rc,
+        pd: PdId(1),
+        local: me(),
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+        srq: None,
+    };
+    for k in 0..2u32 {
+        let q = ep.create_qp(cfg);
+        for mut a in attrs(QpType::Rc) {
+            if a.dest_qpn.is_some() {
+                a.dest_qpn = Some(Qpn::new(PEER_QPN + k));
+            }
+            ep.qp_mut(q).unwrap().modify(&a).unwrap();
+        }
+        for id in 0..3 {
+            let wr = SendWr {
+                wr_id: id,
+                op: SendOp::Send,
+                sg_list: vec![Sge { addr: BASE, length: 8, lkey }],
+                flags: SendFlags::default(),
+                ud: None,
+            };
+            ep.qp_mut(q).unwrap().post_send(wr, &mem).unwrap();
+        }
+    }
+    let mut buf = vec![0u8; 9000];
+    let mut dests = Vec::new();
+    while let Some(t) = ep.poll_transmit(Duration::from_millis(1), &mut buf, &mem) {
+        let bytes = t.assemble(&buf, &mem);
+        dests.push(Packet::new_checked(&bytes[..]).unwrap().bth().dest_qp().get() - PEER_QPN);
+    }
+    assert_eq!(dests, vec![0, 1, 0, 1, 0, 1]);
+}
