@@ -107,37 +107,21 @@ impl IcrcHasher {
     /// Starts an ICRC over the pseudo-LRH and the masked IP and UDP headers of a datagram
     /// whose UDP payload (ICRC included) is `udp_payload_len` bytes long.
     pub fn new(encap: &Encap, udp_payload_len: usize) -> IcrcHasher {
-        // The pseudo-LRH, the masked IP header and the masked UDP header, in one buffer
-        // and one CRC update (each update has a fixed cost; this runs for every packet).
-        let mut pre = [0xFFu8; 8 + 40 + 8];
-        let udp_len = (8 + udp_payload_len) as u16;
-        let ip_len = match encap.ip {
-            IpFields::V4 { src, dst, ident, dont_fragment } => {
-                let total = udp_len.wrapping_add(20).to_be_bytes();
-                let id = ident.to_be_bytes();
-                let flags = if dont_fragment { 0x40 } else { 0 };
-                let h = &mut pre[8..28];
-                h[..12].copy_from_slice(&[
-                    0x45, 0xFF, total[0], total[1], id[0], id[1], flags, 0, 0xFF, 17, 0xFF, 0xFF,
-                ]);
-                h[12..16].copy_from_slice(&src.octets());
-                h[16..20].copy_from_slice(&dst.octets());
-                20
-            }
-            IpFields::V6 { src, dst } => {
-                let plen = udp_len.to_be_bytes();
-                let h = &mut pre[8..48];
-                h[..8].copy_from_slice(&[0x6F, 0xFF, 0xFF, 0xFF, plen[0], plen[1], 17, 0xFF]);
-                h[8..24].copy_from_slice(&src.octets());
-                h[24..40].copy_from_slice(&dst.octets());
-                40
-            }
-        };
-        let (s, d, l) = (encap.src_port.to_be_bytes(), encap.dst_port.to_be_bytes(), udp_len.to_be_bytes());
-        let end = 8 + ip_len + 8;
-        pre[8 + ip_len..end].copy_from_slice(&[s[0], s[1], d[0], d[1], l[0], l[1], 0xFF, 0xFF]);
+        let mut pre = [0xFFu8; PRE_MAX + 12];
+        let end = pseudo_headers(encap, udp_payload_len, &mut pre);
         let mut crc = crc32fast::Hasher::new();
         crc.update(&pre[..end]);
+        IcrcHasher { crc }
+    }
+
+    /// [`Self::new`] followed by [`Self::update_bth`], in one CRC update.
+    pub fn with_bth(encap: &Encap, udp_payload_len: usize, bth: &[u8; 12]) -> IcrcHasher {
+        let mut pre = [0xFFu8; PRE_MAX + 12];
+        let end = pseudo_headers(encap, udp_payload_len, &mut pre);
+        pre[end..end + 12].copy_from_slice(bth);
+        pre[end + 4] = 0xFF;
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&pre[..end + 12]);
         IcrcHasher { crc }
     }
 
@@ -159,18 +143,58 @@ impl IcrcHasher {
     }
 }
 
+/// The pseudo-LRH, the masked IP header and the masked UDP header, at most this long.
+const PRE_MAX: usize = 8 + 40 + 8;
+
+/// Writes the pseudo-LRH and the masked IP and UDP headers into `pre` (filled with 0xFF)
+/// and returns their length: one buffer, so that they cost one CRC update (each update
+/// has a fixed cost, and this runs for every packet).
+fn pseudo_headers(encap: &Encap, udp_payload_len: usize, pre: &mut [u8; PRE_MAX + 12]) -> usize {
+    let udp_len = (8 + udp_payload_len) as u16;
+    let ip_len = match encap.ip {
+        IpFields::V4 { src, dst, ident, dont_fragment } => {
+            let total = udp_len.wrapping_add(20).to_be_bytes();
+            let id = ident.to_be_bytes();
+            let flags = if dont_fragment { 0x40 } else { 0 };
+            let h = &mut pre[8..28];
+            h[..12].copy_from_slice(&[
+                0x45, 0xFF, total[0], total[1], id[0], id[1], flags, 0, 0xFF, 17, 0xFF, 0xFF,
+            ]);
+            h[12..16].copy_from_slice(&src.octets());
+            h[16..20].copy_from_slice(&dst.octets());
+            20
+        }
+        IpFields::V6 { src, dst } => {
+            let plen = udp_len.to_be_bytes();
+            let h = &mut pre[8..48];
+            h[..8].copy_from_slice(&[0x6F, 0xFF, 0xFF, 0xFF, plen[0], plen[1], 17, 0xFF]);
+            h[8..24].copy_from_slice(&src.octets());
+            h[24..40].copy_from_slice(&dst.octets());
+            40
+        }
+    };
+    let (s, d, l) = (encap.src_port.to_be_bytes(), encap.dst_port.to_be_bytes(), udp_len.to_be_bytes());
+    let end = 8 + ip_len + 8;
+    pre[8 + ip_len..end].copy_from_slice(&[s[0], s[1], d[0], d[1], l[0], l[1], 0xFF, 0xFF]);
+    end
+}
+
 /// The ICRC of a packet: `without_icrc` is the UDP payload up to (not including) the ICRC
 /// and must hold at least a BTH; a shorter slice yields a CRC that matches nothing.
 pub fn compute(encap: &Encap, without_icrc: &[u8]) -> u32 {
-    let mut h = IcrcHasher::new(encap, without_icrc.len() + ICRC_LEN);
+    let len = without_icrc.len() + ICRC_LEN;
     match without_icrc.split_first_chunk::<12>() {
         Some((bth, rest)) => {
-            h.update_bth(bth);
+            let mut h = IcrcHasher::with_bth(encap, len, bth);
             h.update(rest);
+            h.finish()
         }
-        None => h.update(without_icrc),
+        None => {
+            let mut h = IcrcHasher::new(encap, len);
+            h.update(without_icrc);
+            h.finish()
+        }
     }
-    h.finish()
 }
 
 fn split_icrc(udp_payload: &[u8]) -> Option<(&[u8], u32)> {
