@@ -955,3 +955,31 @@ fn the_endpoint_takes_ready_qps_in_turn() {
     }
     assert_eq!(dests, vec![0, 1, 0, 1, 0, 1]);
 }
+
+#[test]
+fn a_loss_while_a_queue_stands_halves_the_window_and_is_counted() {
+    // Round trips of 100 µs, then one of 1.5 ms (a queue of 1.4 ms, under the delay
+    // reaction's target of 2.1 ms); a sequence NAK then reports a loss: the window halves
+    // and `loss_cuts` counts it. The same loss on a path with no queue costs nothing.
+    let run = |queued: bool| {
+        let mut t = T::new(QpType::Rc);
+        t.post(1, SendOp::Send, 0, 8);
+        t.out();
+        t.now += Duration::from_micros(100);
+        t.ack(SQ, AethSyndrome::ACK);
+        t.post(2, SendOp::Send, 0, 8);
+        t.out();
+        t.now += if queued { Duration::from_micros(1500) } else { Duration::from_micros(100) };
+        t.ack(SQ + 1, AethSyndrome::ACK);
+        for k in 3..5 {
+            t.post(k, SendOp::Send, 0, 8);
+        }
+        t.out();
+        t.ack(SQ + 2, AethSyndrome::Nak(NakCode::PsnSequenceError));
+        let s = t.qp.stats();
+        (s.loss_cuts, s.cwnd, s.delay_cuts)
+    };
+    let full = u64::from(MAX_INFLIGHT_PSNS);
+    assert_eq!(run(true), (1, full / 2, 0));
+    assert_eq!(run(false), (0, full, 0));
+}
