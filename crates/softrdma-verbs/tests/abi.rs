@@ -79,18 +79,24 @@ unsafe fn open() -> Fixture {
 }
 
 unsafe fn rc_qp(f: &Fixture, send_wr: u32) -> *mut ibv_qp {
+    let cap = ibv_qp_cap {
+        max_send_wr: send_wr,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    unsafe { rc_qp_with(f, cap) }
+}
+
+/// An RC QP of `cap` on the fixture's CQ.
+unsafe fn rc_qp_with(f: &Fixture, cap: ibv_qp_cap) -> *mut ibv_qp {
     let mut init = ibv_qp_init_attr {
         qp_context: ptr::null_mut(),
         send_cq: f.cq,
         recv_cq: f.cq,
         srq: ptr::null_mut(),
-        cap: ibv_qp_cap {
-            max_send_wr: send_wr,
-            max_recv_wr: 16,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
+        cap,
         qp_type: IBV_QPT_RC,
         sq_sig_all: 0,
     };
@@ -300,27 +306,14 @@ fn errors_are_answered_as_rdma_core_answers_them() {
 fn inline_sends_carry_the_bytes_of_unregistered_memory_as_they_were_at_post() {
     unsafe {
         let f = open();
-        let mut qps = Vec::new();
-        for _ in 0..2 {
-            let mut init = ibv_qp_init_attr {
-                qp_context: ptr::null_mut(),
-                send_cq: f.cq,
-                recv_cq: f.cq,
-                srq: ptr::null_mut(),
-                cap: ibv_qp_cap {
-                    max_send_wr: 16,
-                    max_recv_wr: 16,
-                    max_send_sge: 2,
-                    max_recv_sge: 1,
-                    max_inline_data: 64,
-                },
-                qp_type: IBV_QPT_RC,
-                sq_sig_all: 0,
-            };
-            let qp = ibv_create_qp(f.pd, &mut init);
-            assert!(!qp.is_null(), "create_qp: errno {}", errno());
-            qps.push(qp);
-        }
+        let cap = ibv_qp_cap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 2,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        };
+        let qps = [rc_qp_with(&f, cap), rc_qp_with(&f, cap)];
         let (a, b) = (qps[0], qps[1]);
         connect(&f, a, (*b).qp_num);
         connect(&f, b, (*a).qp_num);

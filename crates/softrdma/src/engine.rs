@@ -42,9 +42,6 @@ const HEAD: usize = 1024;
 const TAIL: usize = 8;
 const BOUNCE: usize = 4096 + 8;
 const SLOT: usize = HEAD + TAIL + BOUNCE;
-/// Payloads up to this size are copied into the packet's slot rather than sent from the
-/// region through an iovec of their own.
-const SMALL_PAYLOAD: usize = 256;
 /// The longest the progress thread sleeps: timers due later than its wake-up need no
 /// nudge (a system call and a context switch per `post_send`).
 const MAX_SLEEP: Duration = Duration::from_millis(20);
@@ -1106,22 +1103,15 @@ impl Engine {
                 if tr.2 > 1 {
                     msg.gso = u16::try_from(tr.1).ok();
                 }
-                let plen: usize = t.payload.iter().map(|seg| seg.len as usize).sum();
-                if plen <= SMALL_PAYLOAD && t.head_len + plen + t.tail_len <= HEAD {
-                    // A small packet is copied whole into its slot: one iovec instead of
-                    // three (each costs the kernel an import, and a ping-pong's pong and
-                    // ACK travel together as one train).
-                    let mut at = t.head_len;
-                    for seg in &t.payload {
-                        let _ = softrdma_proto::memory::Memory::gather(&*mem, t.pd, seg, &mut |b| {
-                            let n = b.len().min(HEAD - t.tail_len - at);
-                            head[at..at + n].copy_from_slice(&b[..n]);
-                            at += n;
-                        });
-                    }
-                    head[at..at + t.tail_len].copy_from_slice(&t.tail[..t.tail_len]);
-                    msg.iov
-                        .push(libc::iovec { iov_base: head.as_mut_ptr().cast(), iov_len: at + t.tail_len });
+                if t.payload.is_empty() && t.head_len + t.tail_len <= HEAD {
+                    // A packet without payload to gather (the protocol builds small ones
+                    // contiguous): its tail goes right after the head, one iovec instead
+                    // of two (each costs the kernel an import).
+                    head[t.head_len..t.head_len + t.tail_len].copy_from_slice(&t.tail[..t.tail_len]);
+                    msg.iov.push(libc::iovec {
+                        iov_base: head.as_mut_ptr().cast(),
+                        iov_len: t.head_len + t.tail_len,
+                    });
                     self.io.packets_sent.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }

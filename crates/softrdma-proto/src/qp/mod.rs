@@ -56,9 +56,9 @@ pub const MAX_RD_ATOMIC: u8 = 128;
 /// [`SACK_SPAN`] PSNs.
 pub const MAX_INFLIGHT_PSNS: u32 = 128;
 
-/// Packets whose headers after the BTH, payload and pad fit in this many bytes have their
-/// ICRC computed in one update over a copy (see `finish_packet`).
-const SMALL_CRC: usize = 256;
+/// Packets whose headers after the BTH, payload and pad fit in this many bytes are built
+/// contiguous, the payload copied after the headers (see `finish_packet`).
+const SMALL_INLINE: usize = 256;
 
 /// How many work requests and scatter entries a QP holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -917,51 +917,54 @@ impl QueuePair {
         self.enter_error();
     }
 
-    /// Computes the ICRC of a packet made of `head`, the `payload` segments and `pad` zero
-    /// bytes, and fills in the tail.
+    /// Computes the ICRC of a packet made of the first `head_len` bytes of `buf`, the
+    /// `payload` segments and `pad` zero bytes, and fills in the tail. A small payload is
+    /// copied into `buf` after the headers, with its pad: the packet is then contiguous,
+    /// hashed in one update and sent from one buffer (one copy, for both).
     fn finish_packet(
         &self,
         dst: SocketAddr,
-        head: &[u8],
+        buf: &mut [u8],
+        head_len: usize,
         payload: Segments,
         pad: usize,
         mem: &dyn Memory,
     ) -> Result<Transmit, crate::memory::MemError> {
         let seg_len: usize = payload.iter().map(|s| s.len as usize).sum();
-        let total = head.len() + seg_len + pad + ICRC_LEN;
+        let total = head_len + seg_len + pad + ICRC_LEN;
         let encap = icrc::Encap::new(self.cfg.local, dst).ok_or(crate::memory::MemError::BadKey)?;
-        let (bth, rest) = head.split_first_chunk::<12>().ok_or(crate::memory::MemError::BadKey)?;
-        let mut h = icrc::IcrcHasher::with_bth(&encap, total, bth);
-        let mut tail = [0u8; 7];
-        if rest.len() + seg_len + pad <= SMALL_CRC {
-            // A small packet: the rest of its headers, its payload and its pad in one
-            // buffer and one CRC update (each update has a fixed cost).
-            let mut tmp = [0u8; SMALL_CRC];
-            tmp[..rest.len()].copy_from_slice(rest);
-            let mut at = rest.len();
+        let inline = head_len.saturating_sub(12) + seg_len + pad <= SMALL_INLINE
+            && head_len + seg_len + pad <= buf.len();
+        let (head_len, payload, tail_pad) = if inline {
+            let mut at = head_len;
             for seg in &payload {
                 mem.gather(self.cfg.pd, seg, &mut |b| {
-                    let n = b.len().min(SMALL_CRC - at);
-                    tmp[at..at + n].copy_from_slice(&b[..n]);
+                    let n = b.len().min(buf.len() - at);
+                    buf[at..at + n].copy_from_slice(&b[..n]);
                     at += n;
                 })?;
             }
-            h.update(&tmp[..at + pad]);
+            buf[at..at + pad].fill(0);
+            (at + pad, Segments::Empty, 0)
         } else {
-            h.update(rest);
-            for seg in &payload {
-                mem.gather(self.cfg.pd, seg, &mut |b| h.update(b))?;
-            }
-            h.update(&tail[..pad]);
+            (head_len, payload, pad)
+        };
+        let (bth, rest) = buf[..head_len].split_first_chunk::<12>().ok_or(crate::memory::MemError::BadKey)?;
+        let mut h = icrc::IcrcHasher::with_bth(&encap, total, bth);
+        h.update(rest);
+        for seg in &payload {
+            mem.gather(self.cfg.pd, seg, &mut |b| h.update(b))?;
         }
-        tail[pad..pad + ICRC_LEN].copy_from_slice(&h.finish().to_le_bytes());
+        let mut tail = [0u8; 7];
+        h.update(&tail[..tail_pad]);
+        tail[tail_pad..tail_pad + ICRC_LEN].copy_from_slice(&h.finish().to_le_bytes());
         Ok(Transmit {
             dst,
-            head_len: head.len(),
+            head_len,
             payload,
             pd: self.cfg.pd,
             tail,
-            tail_len: pad + ICRC_LEN,
+            tail_len: tail_pad + ICRC_LEN,
             alone: self.foreign_peer,
             tos: self.traffic_class,
         })

@@ -715,7 +715,7 @@ impl QueuePair {
         }
         let head_len = Self::emit_head(&repr, buf, inline)?;
         let pad = usize::from(crate::wire::pad_count(payload_len));
-        let tx = match self.finish_packet(dst, &buf[..head_len], payload, pad, mem) {
+        let tx = match self.finish_packet(dst, buf, head_len, payload, pad, mem) {
             Ok(t) => match self.sq[i].ud {
                 Some(ud) => Transmit { tos: ud.traffic_class, ..t },
                 // Connected requests are ECN-capable (ECT(0)) unless the address vector's

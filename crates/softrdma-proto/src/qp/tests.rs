@@ -81,18 +81,15 @@ fn attrs(qp_type: QpType) -> [QpAttr; 3] {
     ]
 }
 
+/// A QP of `qp_type` in PD 1 at `me()`.
+fn config(qp_type: QpType) -> QpConfig {
+    QpConfig { qp_type, pd: PdId(1), local: me(), caps: QpCaps::default(), sq_sig_all: false, srq: None }
+}
+
 impl T {
     /// A QP of `qp_type` in RTS, with a 64 KiB region of every right.
     fn new(qp_type: QpType) -> T {
-        let cfg = QpConfig {
-            qp_type,
-            pd: PdId(1),
-            local: me(),
-            caps: QpCaps::default(),
-            sq_sig_all: false,
-            srq: None,
-        };
-        let mut qp = QueuePair::new(Qpn::new(0x42), cfg);
+        let mut qp = QueuePair::new(Qpn::new(0x42), config(qp_type));
         for a in attrs(qp_type) {
             qp.modify(&a).unwrap();
         }
@@ -597,15 +594,7 @@ fn the_peer_port_is_latched_from_its_first_valid_packet() {
 
 #[test]
 fn state_transitions_follow_the_verbs_rules() {
-    let cfg = QpConfig {
-        qp_type: QpType::Rc,
-        pd: PdId(1),
-        local: me(),
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-        srq: None,
-    };
-    let mut qp = QueuePair::new(Qpn::new(0x43), cfg);
+    let mut qp = QueuePair::new(Qpn::new(0x43), config(QpType::Rc));
     let [init, rtr, rts] = attrs(QpType::Rc);
     // RESET cannot go straight to RTR or RTS; RTR needs its attributes.
     assert!(qp.modify(&rts).is_err());
@@ -636,15 +625,7 @@ fn state_transitions_follow_the_verbs_rules() {
 
 #[test]
 fn packets_before_rtr_or_of_another_transport_are_dropped() {
-    let cfg = QpConfig {
-        qp_type: QpType::Rc,
-        pd: PdId(1),
-        local: me(),
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-        srq: None,
-    };
-    let mut qp = QueuePair::new(Qpn::new(0x44), cfg);
+    let mut qp = QueuePair::new(Qpn::new(0x44), config(QpType::Rc));
     let [init, ..] = attrs(QpType::Rc);
     qp.modify(&init).unwrap();
     let mut mem = SimMemory::new(3);
@@ -825,67 +806,92 @@ fn a_zero_length_send_goes_after_the_ack_and_read_responses_are_not_ecn_capable(
     assert_eq!(raw_out(&mut t), vec![(read_only, false, 0)]);
 }
 
+/// An endpoint with RC QPs in RTS, QP `k` connected to the peer's QPN `PEER_QPN + k`, and
+/// a 64 KiB region of every right.
+struct Ep {
+    ep: crate::endpoint::Endpoint,
+    mem: SimMemory,
+    lkey: Lkey,
+    rkey: Rkey,
+    qpns: Vec<Qpn>,
+    buf: Vec<u8>,
+    now: Duration,
+}
+
+impl Ep {
+    fn new(qps: u32) -> Ep {
+        let mut ep = crate::endpoint::Endpoint::new(me());
+        let mut mem = SimMemory::new(1);
+        let (lkey, rkey) = mem.register(PdId(1), BASE, 65536, all()).unwrap();
+        let mut qpns = Vec::new();
+        for k in 0..qps {
+            let q = ep.create_qp(config(QpType::Rc));
+            for mut a in attrs(QpType::Rc) {
+                if a.dest_qpn.is_some() {
+                    a.dest_qpn = Some(Qpn::new(PEER_QPN + k));
+                }
+                ep.qp_mut(q).unwrap().modify(&a).unwrap();
+            }
+            qpns.push(q);
+        }
+        Ep { ep, mem, lkey, rkey, qpns, buf: vec![0; 9000], now: Duration::from_millis(1) }
+    }
+
+    /// An 8-byte unsignaled SEND on QP `k`.
+    fn send(&mut self, k: usize, wr_id: u64) {
+        let wr = SendWr {
+            wr_id,
+            op: SendOp::Send,
+            sg_list: vec![Sge { addr: BASE, length: 8, lkey: self.lkey }],
+            flags: SendFlags::default(),
+            ud: None,
+        };
+        self.ep.qp_mut(self.qpns[k]).unwrap().post_send(wr, &self.mem).unwrap();
+    }
+
+    /// Every datagram the endpoint sends now.
+    fn out(&mut self) -> Vec<Vec<u8>> {
+        let mut v = Vec::new();
+        while let Some(t) = self.ep.poll_transmit(self.now, &mut self.buf, &self.mem) {
+            v.push(t.assemble(&self.buf, &self.mem));
+        }
+        v
+    }
+}
+
 #[test]
 fn the_endpoint_keeps_a_request_and_its_following_ack_together() {
     // Two QPs of one endpoint, each with a waiting ACK and a request ready: each request
     // is followed by its own QP's ACK, not by the other QP's request.
-    use crate::endpoint::{Arrival, Endpoint};
-    let mut ep = Endpoint::new(me());
-    let mut mem = SimMemory::new(1);
-    let (lkey, rkey) = mem.register(PdId(1), BASE, 65536, all()).unwrap();
-    let cfg = QpConfig {
-        qp_type: QpType::Rc,
-        pd: PdId(1),
-        local: me(),
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-        srq: None,
-    };
-    let qpns: Vec<Qpn> = (0..2).map(|_| ep.create_qp(cfg)).collect();
-    let post = |ep: &mut Endpoint, mem: &SimMemory, qpn: Qpn| {
-        let wr = SendWr {
-            wr_id: 1,
-            op: SendOp::Send,
-            sg_list: vec![Sge { addr: BASE, length: 8, lkey }],
-            flags: SendFlags::default(),
-            ud: None,
-        };
-        ep.qp_mut(qpn).unwrap().post_send(wr, mem).unwrap();
-    };
-    let mut buf = vec![0u8; 9000];
-    let now = Duration::from_millis(1);
-    for &q in &qpns {
-        for a in attrs(QpType::Rc) {
-            ep.qp_mut(q).unwrap().modify(&a).unwrap();
-        }
-        post(&mut ep, &mem, q);
+    let mut e = Ep::new(2);
+    for k in 0..2 {
+        e.send(k, 1);
     }
-    while ep.poll_transmit(now, &mut buf, &mem).is_some() {}
+    e.out();
     // A WRITE from the peer to each: their ACKs wait, for the QPs talk back.
     let encap = icrc::Encap::new(peer(), me()).unwrap();
-    for &q in &qpns {
+    for q in e.qpns.clone() {
         let op = Opcode::from_parts(Transport::Rc, Operation::RdmaWriteOnly).unwrap();
         let mut b = BthRepr::new(op, q, Psn::new(RQ));
         b.ack_req = true;
         let mut r = PacketRepr::new(b, 8);
-        r.ext.reth = Some(RethRepr { va: BASE, rkey, dma_len: 8 });
+        r.ext.reth = Some(RethRepr { va: BASE, rkey: e.rkey, dma_len: 8 });
         let mut pkt = vec![0u8; 200];
         let n = r.emit(&mut pkt, &[5; 8], &encap).unwrap();
-        ep.handle_datagram(now, Arrival::new(peer(), me()), &pkt[..n], &mut mem);
+        e.ep.handle_datagram(e.now, crate::endpoint::Arrival::new(peer(), me()), &pkt[..n], &mut e.mem);
     }
-    assert!(ep.poll_transmit(now, &mut buf, &mem).is_none(), "the ACKs wait");
-    for &q in &qpns {
-        post(&mut ep, &mem, q);
+    assert!(e.out().is_empty(), "the ACKs wait");
+    for k in 0..2 {
+        e.send(k, 2);
     }
-    let mut order = Vec::new();
-    while let Some(t) = ep.poll_transmit(now, &mut buf, &mem) {
-        let bytes = t.assemble(&buf, &mem);
-        let p = Packet::new_checked(&bytes[..]).unwrap();
-        order.push((p.opcode().operation(), p.bth().psn().get()));
-    }
-    let ops: Vec<Operation> = order.iter().map(|o| o.0).collect();
+    let order: Vec<(Operation, u32)> = e
+        .out()
+        .iter()
+        .map(|d| Packet::new_checked(&d[..]).unwrap())
+        .map(|p| (p.opcode().operation(), p.bth().dest_qp().get() - PEER_QPN))
+        .collect();
     assert_eq!(
-        ops,
+        order.iter().map(|o| o.0).collect::<Vec<_>>(),
         vec![Operation::SendOnly, Operation::Acknowledge, Operation::SendOnly, Operation::Acknowledge],
         "{order:?}"
     );
@@ -916,43 +922,17 @@ fn a_go_back_n_probe_waits_two_round_trips_even_when_they_hardly_vary() {
 fn the_endpoint_takes_ready_qps_in_turn() {
     // Packets of two QPs, none of them waiting for an ACK: one of each in turn, so that a
     // busy QP never starves another.
-    use crate::endpoint::Endpoint;
-    let mut ep = Endpoint::new(me());
-    let mut mem = SimMemory::new(1);
-    let (lkey, _) = mem.register(PdId(1), BASE, 65536, all()).unwrap();
-    let cfg = QpConfig {
-        qp_type: QpType::Rc,
-        pd: PdId(1),
-        local: me(),
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-        srq: None,
-    };
-    for k in 0..2u32 {
-        let q = ep.create_qp(cfg);
-        for mut a in attrs(QpType::Rc) {
-            if a.dest_qpn.is_some() {
-                a.dest_qpn = Some(Qpn::new(PEER_QPN + k));
-            }
-            ep.qp_mut(q).unwrap().modify(&a).unwrap();
-        }
+    let mut e = Ep::new(2);
+    for k in 0..2 {
         for id in 0..3 {
-            let wr = SendWr {
-                wr_id: id,
-                op: SendOp::Send,
-                sg_list: vec![Sge { addr: BASE, length: 8, lkey }],
-                flags: SendFlags::default(),
-                ud: None,
-            };
-            ep.qp_mut(q).unwrap().post_send(wr, &mem).unwrap();
+            e.send(k, id);
         }
     }
-    let mut buf = vec![0u8; 9000];
-    let mut dests = Vec::new();
-    while let Some(t) = ep.poll_transmit(Duration::from_millis(1), &mut buf, &mem) {
-        let bytes = t.assemble(&buf, &mem);
-        dests.push(Packet::new_checked(&bytes[..]).unwrap().bth().dest_qp().get() - PEER_QPN);
-    }
+    let dests: Vec<u32> = e
+        .out()
+        .iter()
+        .map(|d| Packet::new_checked(&d[..]).unwrap().bth().dest_qp().get() - PEER_QPN)
+        .collect();
     assert_eq!(dests, vec![0, 1, 0, 1, 0, 1]);
 }
 
