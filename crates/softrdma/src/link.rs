@@ -246,7 +246,7 @@ fn bind_group(group: IpAddr, device: SocketAddr, ifindex: u32) -> Result<UdpSock
         let _ = s.set_only_v6(true);
         sys::setsockopt_int(fd, libc::IPPROTO_UDP, 102 /* UDP_NO_CHECK6_RX */, 1);
     }
-    let _ = s.set_recv_buffer_size(8 << 20);
+    grow_recv_buffer(&s);
     s.set_nonblocking(true)?;
     s.bind(&SocketAddr::new(group, device.port()).into())?;
     match (group, device.ip()) {
@@ -257,6 +257,30 @@ fn bind_group(group: IpAddr, device: SocketAddr, ifindex: u32) -> Result<UdpSock
         }
     }
     Ok(s.into())
+}
+
+/// The receive buffer a device socket asks for: what arrives while no thread drains the
+/// socket (a descheduled poller) waits here, and what does not fit is lost. UD has no
+/// retransmission, so a burst that overflows it is gone for good: 2,000 datagrams of 4 KiB
+/// (perftest's `ib_send_bw -c UD`) take about 16 MiB of kernel memory on loopback.
+const RECV_BUFFER: usize = 32 << 20;
+
+/// Gives a socket [`RECV_BUFFER`]: beyond `net.core.rmem_max` where the process may
+/// (`SO_RCVBUFFORCE`, with CAP_NET_ADMIN), up to it otherwise. Memory is charged only
+/// for datagrams queued, not for the limit.
+fn grow_recv_buffer(s: &socket2::Socket) {
+    let half = libc::c_int::try_from(RECV_BUFFER / 2).unwrap_or(libc::c_int::MAX); // the kernel doubles it
+    if !sys::setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, half) {
+        let _ = s.set_recv_buffer_size(RECV_BUFFER / 2);
+    }
+    if let Ok(got) = s.recv_buffer_size() {
+        if got < RECV_BUFFER {
+            tracing::debug!(
+                bytes = got,
+                "receive buffer held to net.core.rmem_max: a long burst can overflow it"
+            );
+        }
+    }
 }
 
 /// Binds a device socket: non-blocking, DF with IP ID 0 on every datagram (so that ICRCs
@@ -279,7 +303,7 @@ fn bind(addr: SocketAddr) -> Result<UdpSocket> {
     if std::env::var_os("SOFTRDMA_NO_GRO").is_none() {
         sys::enable_gro(fd);
     }
-    let _ = s.set_recv_buffer_size(8 << 20);
+    grow_recv_buffer(&s);
     let _ = s.set_send_buffer_size(8 << 20);
     s.set_nonblocking(true)?;
     match s.bind(&addr.into()) {
