@@ -48,6 +48,67 @@ const MAX_SLEEP: Duration = Duration::from_millis(20);
 /// Empty CQ polls between two passes of the progress thread that mean an application
 /// thread is busy-polling, so the progress thread can leave the socket to it.
 const BUSY_POLLS: u64 = 16;
+/// How long the progress thread keeps polling the link after it last received, while no
+/// application thread polls or waits on it, before it sleeps: the thread that serves a
+/// one-sided target (READs, WRITEs, atomics, a program that spins on memory) then meets
+/// the next request awake, as a NIC would, instead of paying a wake-up from idle for it
+/// (~30 us on a VM's vCPU). An idle device never spins.
+const SPIN_AFTER_RX: Duration = Duration::from_micros(50);
+/// A poller that ran no pass for this long has left the link (a busy poll passes every
+/// few hundred ns; a thread descheduled on a busy machine is away for tens of us).
+const POLLER_GONE: Duration = Duration::from_micros(100);
+
+/// How long the progress thread naps while an application thread busy-polls, between
+/// checks that the polling goes on.
+///
+/// A long nap costs nothing while the poller stays: it receives and runs the timers. But
+/// a program may poll its CQ, then stop and spin on memory for a WRITE that only a pass
+/// can place (perftest's `ib_write_lat` does, after every completion): the WRITE then
+/// waits for the nap's end. So the nap halves (down to `MIN`) each time it ended with
+/// the poller gone and packets waiting, and doubles again (up to `MAX`) after `CLEAN`
+/// naps in a row that found the poller at work. A check that wakes the progress thread
+/// takes a core from the pollers on a small machine, so the nap is long unless the
+/// program shows that it needs short ones.
+#[derive(Debug)]
+struct PolledNap {
+    nap: Duration,
+    clean: u32,
+    /// The last nap found the poller gone: the pass that follows tells whether it had
+    /// left packets behind.
+    found_gone: bool,
+}
+
+impl PolledNap {
+    const MAX: Duration = Duration::from_millis(1);
+    const MIN: Duration = Duration::from_micros(100);
+    const CLEAN: u32 = 16;
+
+    fn new() -> PolledNap {
+        PolledNap { nap: Self::MAX, clean: 0, found_gone: false }
+    }
+
+    /// A nap ended; `polling`: the poller ran a pass lately or runs one now. Returns
+    /// whether the progress thread may nap again without a pass.
+    fn ended(&mut self, polling: bool) -> bool {
+        self.found_gone = !polling;
+        if polling {
+            self.clean += 1;
+            if self.clean >= Self::CLEAN {
+                self.clean = 0;
+                self.nap = (self.nap * 2).min(Self::MAX);
+            }
+        }
+        polling
+    }
+
+    /// The progress thread ran a pass, which received something or not.
+    fn passed(&mut self, received: bool) {
+        if std::mem::take(&mut self.found_gone) && received {
+            self.nap = (self.nap / 2).max(Self::MIN);
+            self.clean = 0;
+        }
+    }
+}
 
 /// The longest an exiting process waits for an engine's lock to send its held ACKs.
 const EXIT_LOCK_WAIT: Duration = Duration::from_millis(100);
@@ -203,6 +264,9 @@ pub(crate) struct Engine {
     /// CQ polls that found nothing since the progress thread last looked: many mean an
     /// application thread is busy-polling (and receiving itself).
     app_polls: AtomicU64,
+    /// When the last pass of a thread polling a CQ ended (ns since the epoch): a napping
+    /// progress thread reads from it whether the polling goes on.
+    last_app_pass: AtomicU64,
     /// The progress thread is napping off the link.
     napping: AtomicBool,
     /// Application threads blocked on a completion channel that watch the link
@@ -303,6 +367,7 @@ impl Engine {
             epoch: Instant::now(),
             sleeping_until: AtomicU64::new(u64::MAX),
             app_polls: AtomicU64::new(0),
+            last_app_pass: AtomicU64::new(0),
             napping: AtomicBool::new(false),
             app_watching: AtomicU64::new(0),
             cm_waiting: AtomicBool::new(false),
@@ -1002,11 +1067,11 @@ impl Engine {
         self.app_polls.fetch_add(1, Ordering::Relaxed);
         match self.core.try_lock() {
             Ok(mut core) => {
-                self.progress(&mut core);
+                self.progress(&mut core, true);
                 true
             }
             Err(std::sync::TryLockError::Poisoned(p)) => {
-                self.progress(&mut p.into_inner());
+                self.progress(&mut p.into_inner(), true);
                 true
             }
             Err(std::sync::TryLockError::WouldBlock) => false,
@@ -1016,13 +1081,14 @@ impl Engine {
     /// Runs one pass if the engine is free, without counting as a busy poll.
     pub(crate) fn try_progress_quiet(&self) {
         if let Ok(mut core) = self.core.try_lock() {
-            self.progress(&mut core);
+            self.progress(&mut core, false);
         }
     }
 
     /// Receives what is waiting, runs due timers, sends what is ready and delivers
-    /// completions. Never blocks.
-    fn progress(&self, core: &mut Core) {
+    /// completions. Never blocks. Returns whether it received anything. `polled`: an
+    /// application thread polling a CQ runs it.
+    fn progress(&self, core: &mut Core, polled: bool) -> bool {
         let now = self.now();
         let mut received = false;
         for _ in 0..8 {
@@ -1059,7 +1125,12 @@ impl Engine {
         // A pass that received nothing took no time worth a second clock read (a
         // busy-polling thread makes millions of them); after arrivals, what is sent now is
         // stamped now, for the round-trip samples.
-        self.flush_at(core, if received { self.now() } else { now });
+        let now = if received { self.now() } else { now };
+        if polled {
+            self.last_app_pass.store(ns(now), Ordering::Relaxed);
+        }
+        self.flush_at(core, now);
+        received
     }
 
     /// Sends every packet the QPs have ready, then delivers completions. Consecutive
@@ -1260,9 +1331,11 @@ impl Engine {
     /// The progress thread's loop.
     ///
     /// While an application thread is busy-polling a CQ it receives the packets itself;
-    /// the progress thread then stays off the link (waking every millisecond to check,
+    /// the progress thread then stays off the link (waking every [`PolledNap`] to check,
     /// without a pass of its own while the polling goes on) instead of waking for every
-    /// packet and competing for the CPU and the engine lock.
+    /// packet and competing for the CPU and the engine lock. While no application thread
+    /// polls or waits, the progress thread serves the link, and keeps polling it for
+    /// [`SPIN_AFTER_RX`] after each arrival before it sleeps.
     pub(crate) fn run(self: Arc<Self>) {
         let mut fds = self.link_fds.clone();
         fds.push(self.wake.as_raw_fd());
@@ -1270,6 +1343,9 @@ impl Engine {
         // datagrams), and this wake-up needs no pass (see below).
         let mut link_quiet = false;
         let mut skip = false;
+        // When this thread's own pass last received: it spins until SPIN_AFTER_RX later.
+        let mut last_rx: Option<Duration> = None;
+        let mut polled = PolledNap::new();
         while !self.stop.load(Ordering::Acquire) {
             let timeout = if skip {
                 // Back to the nap, until the earliest deadline known.
@@ -1277,7 +1353,11 @@ impl Engine {
                 (until != u64::MAX).then(|| Duration::from_nanos(until.saturating_sub(ns(self.now()))))
             } else {
                 let mut core = self.lock();
-                self.progress(&mut core);
+                let received = self.progress(&mut core, false);
+                if received {
+                    last_rx = Some(self.now());
+                }
+                polled.passed(received);
                 let next = core.endpoint.poll_timeout();
                 self.sleeping_until.store(next.map_or(u64::MAX, ns), Ordering::Release);
                 let link_wake = core.link.next_wake();
@@ -1292,18 +1372,18 @@ impl Engine {
             self.deliver_cm();
             let now = ns(self.now());
             let watched = self.app_watching.load(Ordering::Acquire) > 0;
-            if watched || self.app_polls.swap(0, Ordering::Relaxed) >= BUSY_POLLS {
+            let app_idle = now.saturating_sub(self.last_app_pass.load(Ordering::Relaxed));
+            if watched
+                || self.app_polls.swap(0, Ordering::Relaxed) >= BUSY_POLLS
+                || app_idle < ns(POLLER_GONE)
+            {
                 // An application thread watches the link (blocked on a channel) or polls it:
-                // stay off it, waking for timers while watched, every millisecond while
+                // stay off it, waking for timers while watched, after a `PolledNap` while
                 // polled (to notice the polling stop), or when the last watcher leaves. A
                 // polling thread runs the timers too (each of its passes does), so that nap
                 // need not end at the next one: a delayed ACK's 20 us would otherwise wake
                 // this thread for every message and make it fight the poller.
-                let nap = if watched {
-                    MAX_SLEEP.min(timeout.unwrap_or(Duration::MAX))
-                } else {
-                    Duration::from_millis(1)
-                };
+                let nap = if watched { MAX_SLEEP.min(timeout.unwrap_or(Duration::MAX)) } else { polled.nap };
                 self.sleeping_until.fetch_min(now + ns(nap), Ordering::AcqRel);
                 self.napping.store(true, Ordering::SeqCst);
                 // The last watcher may have left since `watched` was read, before it could
@@ -1324,8 +1404,20 @@ impl Engine {
                 // the timers, so nap again without a pass of this thread's own (which
                 // would take the engine lock from the poller for a pass that finds
                 // nothing: on two cores that stalled one message in a hundred by ~20 us).
-                skip |= !watched && link_quiet && self.app_polls.load(Ordering::Relaxed) >= BUSY_POLLS;
+                if !watched && link_quiet {
+                    let idle = ns(self.now()).saturating_sub(self.last_app_pass.load(Ordering::Relaxed));
+                    // A pass still running (a long one, receiving a burst) holds the lock.
+                    let busy = matches!(self.core.try_lock(), Err(std::sync::TryLockError::WouldBlock));
+                    skip = polled.ended(idle < ns(POLLER_GONE) || busy);
+                }
+            } else if last_rx.is_some_and(|t| self.now() < t + SPIN_AFTER_RX) {
+                // This thread serves the link and traffic is flowing: poll again at once
+                // (awake: a post's new timer needs no nudge).
+                self.sleeping_until.store(0, Ordering::Release);
+                std::hint::spin_loop();
+                continue;
             } else {
+                last_rx = None;
                 // Never sleep longer than MAX_SLEEP, so that a timer armed later without a
                 // nudge (a far one) still fires on time.
                 let cap = timeout.unwrap_or(MAX_SLEEP).min(MAX_SLEEP);
@@ -1334,5 +1426,63 @@ impl Engine {
             }
             self.wake.drain();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PolledNap;
+
+    #[test]
+    fn the_polled_nap_shortens_only_when_the_poller_left_packets_behind() {
+        let mut p = PolledNap::new();
+        assert_eq!(p.nap, PolledNap::MAX);
+        // The poller at work: nap again without a pass.
+        assert!(p.ended(true));
+        // Gone, but nothing was waiting (the program stopped polling for good): no change.
+        assert!(!p.ended(false));
+        p.passed(false);
+        assert_eq!(p.nap, PolledNap::MAX);
+        // A pass of the progress thread's own that received, without a nap that found the
+        // poller gone before it (its own traffic): no change either.
+        p.passed(true);
+        assert_eq!(p.nap, PolledNap::MAX);
+        // Gone with packets waiting: halves, each time, down to the floor.
+        let mut naps = vec![];
+        for _ in 0..8 {
+            assert!(!p.ended(false));
+            p.passed(true);
+            naps.push(p.nap);
+        }
+        assert_eq!(naps[0], PolledNap::MAX / 2);
+        assert_eq!(naps[1], PolledNap::MAX / 4);
+        assert_eq!(*naps.last().unwrap(), PolledNap::MIN);
+    }
+
+    #[test]
+    fn the_polled_nap_grows_back_after_clean_naps_in_a_row() {
+        let mut p = PolledNap::new();
+        for _ in 0..2 {
+            p.ended(false);
+            p.passed(true);
+        }
+        let short = p.nap;
+        assert_eq!(short, PolledNap::MAX / 4);
+        for _ in 0..PolledNap::CLEAN - 1 {
+            p.ended(true);
+        }
+        assert_eq!(p.nap, short);
+        // A stall in between starts the count again.
+        p.ended(false);
+        p.passed(true);
+        assert_eq!(p.nap, short / 2);
+        for _ in 0..PolledNap::CLEAN {
+            p.ended(true);
+        }
+        assert_eq!(p.nap, short);
+        for _ in 0..PolledNap::CLEAN * 10 {
+            p.ended(true);
+        }
+        assert_eq!(p.nap, PolledNap::MAX);
     }
 }
