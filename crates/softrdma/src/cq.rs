@@ -60,6 +60,11 @@ pub(crate) struct CqShared {
     /// Itself, for the events that name it.
     me: std::sync::Weak<CqShared>,
     q: Mutex<VecDeque<WorkCompletion>>,
+    /// `q`'s length, written under its lock and read without it: a busy poll that finds
+    /// the CQ empty (nearly every poll) takes no lock. SeqCst with `armed`, so that a
+    /// thread that arms and then polls, and a completion pushed meanwhile, cannot both
+    /// miss each other (one sees the other's store).
+    queued: AtomicUsize,
     /// With [`CqOptions::timestamps`]: when each queued completion was delivered, in
     /// [`completion_clock_ns`] time, beside `q` and behind the same lock.
     stamps: Option<Mutex<VecDeque<u64>>>,
@@ -94,9 +99,10 @@ impl CqShared {
                 stamps.lock().unwrap_or_else(|p| p.into_inner()).push_back(completion_clock_ns());
             }
             q.push_back(wc);
+            self.queued.store(q.len(), Ordering::SeqCst);
             q.len()
         };
-        let armed = self.armed.load(Ordering::Acquire);
+        let armed = self.armed.load(Ordering::SeqCst);
         let fire =
             armed == ARMED_ANY || (armed == ARMED_SOLICITED && (wc.solicited || wc.status as u32 != 0));
         if fire {
@@ -125,6 +131,9 @@ impl CqShared {
     /// Pops up to `out.len()` completions, and their delivery times into `ts` as far as it
     /// reaches (zero when the CQ keeps no times).
     fn pop_stamped(&self, out: &mut [WorkCompletion], ts: &mut [u64]) -> usize {
+        if self.queued.load(Ordering::SeqCst) == 0 {
+            return 0;
+        }
         let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
         let n = out.len().min(q.len());
         let mut stamps = self.stamps.as_ref().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()));
@@ -137,6 +146,7 @@ impl CqShared {
                 *t_slot = t;
             }
         }
+        self.queued.store(q.len(), Ordering::SeqCst);
         n
     }
 }
@@ -169,6 +179,7 @@ impl CompletionQueue {
             me: me.clone(),
             id: NEXT_CQ.fetch_add(1, Ordering::Relaxed) as u32,
             q: Mutex::new(VecDeque::with_capacity(cqe)),
+            queued: AtomicUsize::new(0),
             stamps: opts.timestamps.then(|| Mutex::new(VecDeque::with_capacity(cqe))),
             cap: cqe,
             armed: AtomicU8::new(DISARMED),
@@ -261,7 +272,7 @@ impl CompletionQueue {
             return Err(Error::InvalidArgument("CQ has no completion channel"));
         }
         let mode = if solicited_only { ARMED_SOLICITED } else { ARMED_ANY };
-        self.shared.armed.store(mode, Ordering::Release);
+        self.shared.armed.store(mode, Ordering::SeqCst);
         Ok(())
     }
 }
