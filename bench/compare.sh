@@ -33,6 +33,8 @@ echo "softrdma side-by-side benchmark, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc
 read -r lat_busy busy_p99 busy_p999 <<<"$(perf send_lat -s 8 -n "$ITERS" | jsons t_typical p99 p99_9)"
 read -r lat_event event_p99 event_p999 event_user event_sys <<<"$(perf send_lat -s 8 -n "$ITERS" -e --cpu_util |
   jsons t_typical p99 p99_9 cpu_user_pct cpu_sys_pct)"
+# READ: a full round trip, served on the target by its progress thread alone.
+read -r read_lat read_p99 <<<"$(perf read_lat -s 8 -n "$ITERS" | jsons t_typical p99)"
 read -r udp_lat udp_p99 udp_p999 <<<"$("$PROBE" pingpong "$ITERS" 8 | awk '{print $2, $5, $7}')"
 read -r udp_wait udp_wait_p99 udp_wait_p999 <<<"$("$PROBE" pingpong-wait "$ITERS" 8 | awk '{print $2, $5, $7}')"
 ucx_lat=""
@@ -85,12 +87,13 @@ idle_cpu=$(python3 -c "print(round(100*($t1-$t0)/$(getconf CLK_TCK)/10,2))")
 python3 - "$lat_busy" "$lat_event" "$udp_lat" "$ucx_lat" "$write_bw" "$send_bw" "$udp_bw" "$ucx_bw" "$iperf_bw" \
   "$rate" "$udp_rate" "$udp_rate_gso" "$idle_cpu" "$busy_p99" "$busy_p999" "$event_p99" "$event_p999" \
   "$udp_p99" "$udp_p999" "${event_user:-}" "${event_sys:-}" "$udp_wait" "$udp_wait_p99" "$udp_wait_p999" \
-  "$udp_rate_uring" "$udp_bw_zc" <<'PY'
+  "$udp_rate_uring" "$udp_bw_zc" "$read_lat" "$read_p99" <<'PY'
 import sys
 v = [float(x) if x not in ("", "None") else None for x in sys.argv[1:]]
 (lat_busy, lat_event, udp_lat, ucx_lat, write_bw, send_bw, udp_bw, ucx_bw, iperf_bw, rate, udp_rate, udp_rate_gso,
  idle, busy_p99, busy_p999, event_p99, event_p999, udp_p99, udp_p999, event_user, event_sys,
- udp_wait, udp_wait_p99, udp_wait_p999, udp_rate_uring, udp_bw_zc) = v
+ udp_wait, udp_wait_p99, udp_wait_p999, udp_rate_uring, udp_bw_zc, read_lat, read_p99) = v
+udp_rtt = None if udp_lat is None else 2 * udp_lat
 f = lambda x, d=2: "skipped" if x is None else f"{x:.{d}f}"
 r = lambda a, b: None if a is None or b is None or b == 0 else a / b
 print("| measure | softrdma | baseline | value | ratio |")
@@ -100,6 +103,7 @@ rows = [
     ("", "send_lat busy-poll", lat_busy, "UCX over TCP (ucp_am_lat)", ucx_lat),
     ("", "send_lat -e (events)", lat_event, "send_lat busy-poll", lat_busy),
     ("", "send_lat -e (events)", lat_event, "raw UDP ping-pong, blocking recv", udp_wait),
+    ("round trip, 8 B, µs (median)", "read_lat (target: no app thread)", read_lat, "raw UDP ping-pong round trip", udp_rtt),
     ("bandwidth, 64 KiB, MiB/s", "write_bw", write_bw, "raw UDP, GSO+GRO, 4 KiB segments", udp_bw),
     ("", "write_bw", write_bw, "iperf3 (TCP)", iperf_bw),
     ("", "write_bw", write_bw, "UCX over TCP (ucp_am_bw)", ucx_bw),
@@ -119,6 +123,7 @@ print("| latency percentiles, 8 B, µs | median | 99 % | 99.9 % |")
 print("|---|---:|---:|---:|")
 print(f"| softrdma send_lat busy-poll | {f(lat_busy)} | {f(busy_p99)} | {f(busy_p999)} |")
 print(f"| softrdma send_lat -e | {f(lat_event)} | {f(event_p99)} | {f(event_p999)} |")
+print(f"| softrdma read_lat (round trip) | {f(read_lat)} | {f(read_p99)} | — |")
 print(f"| raw UDP ping-pong | {f(udp_lat)} | {f(udp_p99)} | {f(udp_p999)} |")
 print(f"| raw UDP ping-pong, blocking recv | {f(udp_wait)} | {f(udp_wait_p99)} | {f(udp_wait_p999)} |")
 missed = []
