@@ -113,7 +113,7 @@ impl CqShared {
                 }
             }
         }
-        if self.has_wakers.swap(false, Ordering::AcqRel) {
+        if self.has_wakers.swap(false, Ordering::SeqCst) {
             let wakers = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|p| p.into_inner()));
             wakers.into_iter().for_each(Waker::wake);
         }
@@ -309,7 +309,7 @@ impl Future for NextCompletion<'_> {
             if !w.iter().any(|k| k.will_wake(cx.waker())) {
                 w.push(cx.waker().clone());
             }
-            shared.has_wakers.store(true, Ordering::Release);
+            shared.has_wakers.store(true, Ordering::SeqCst);
         }
         // A completion may have landed between the first look and the registration.
         if shared.pop_into(&mut one) == 1 {

@@ -57,6 +57,8 @@ const SPIN_AFTER_RX: Duration = Duration::from_micros(50);
 /// A poller that ran no pass for this long has left the link (a busy poll passes every
 /// few hundred ns; a thread descheduled on a busy machine is away for tens of us).
 const POLLER_GONE: Duration = Duration::from_micros(100);
+/// `Engine::last_app_pass` before any pass, and after the polling thread went to block.
+const NEVER: u64 = u64::MAX;
 
 /// How long the progress thread naps while an application thread busy-polls, between
 /// checks that the polling goes on.
@@ -66,7 +68,7 @@ const POLLER_GONE: Duration = Duration::from_micros(100);
 /// can place (perftest's `ib_write_lat` does, after every completion): the WRITE then
 /// waits for the nap's end. So the nap halves (down to `MIN`) each time it ended with
 /// the poller gone and packets waiting, and doubles again (up to `MAX`) after `CLEAN`
-/// naps in a row that found the poller at work. A check that wakes the progress thread
+/// naps that found the poller at work with no such stall between them. A check that wakes the progress thread
 /// takes a core from the pollers on a small machine, so the nap is long unless the
 /// program shows that it needs short ones.
 #[derive(Debug)]
@@ -264,8 +266,9 @@ pub(crate) struct Engine {
     /// CQ polls that found nothing since the progress thread last looked: many mean an
     /// application thread is busy-polling (and receiving itself).
     app_polls: AtomicU64,
-    /// When the last pass of a thread polling a CQ ended (ns since the epoch): a napping
-    /// progress thread reads from it whether the polling goes on.
+    /// When the last pass of a thread polling a CQ ran (ns since the epoch, stamped after
+    /// its receiving, before its sends; [`NEVER`] before the first and once the thread
+    /// blocks): a napping progress thread reads from it whether the polling goes on.
     last_app_pass: AtomicU64,
     /// The progress thread is napping off the link.
     napping: AtomicBool,
@@ -367,7 +370,7 @@ impl Engine {
             epoch: Instant::now(),
             sleeping_until: AtomicU64::new(u64::MAX),
             app_polls: AtomicU64::new(0),
-            last_app_pass: AtomicU64::new(0),
+            last_app_pass: AtomicU64::new(NEVER),
             napping: AtomicBool::new(false),
             app_watching: AtomicU64::new(0),
             cm_waiting: AtomicBool::new(false),
@@ -1311,6 +1314,7 @@ impl Engine {
     /// thread must watch the link again, at once.
     pub(crate) fn app_blocking(&self) {
         self.app_polls.store(0, Ordering::Relaxed);
+        self.last_app_pass.store(NEVER, Ordering::Relaxed);
         if self.napping.load(Ordering::Acquire) {
             self.wake.signal();
         }
@@ -1319,6 +1323,7 @@ impl Engine {
     /// An application thread starts watching the link while it waits for an event.
     pub(crate) fn app_watch_begin(&self) -> WatchGuard<'_> {
         self.app_polls.store(0, Ordering::Relaxed);
+        self.last_app_pass.store(NEVER, Ordering::Relaxed);
         self.app_watching.fetch_add(1, Ordering::SeqCst);
         WatchGuard(self)
     }
@@ -1372,11 +1377,7 @@ impl Engine {
             self.deliver_cm();
             let now = ns(self.now());
             let watched = self.app_watching.load(Ordering::Acquire) > 0;
-            let app_idle = now.saturating_sub(self.last_app_pass.load(Ordering::Relaxed));
-            if watched
-                || self.app_polls.swap(0, Ordering::Relaxed) >= BUSY_POLLS
-                || app_idle < ns(POLLER_GONE)
-            {
+            if watched || self.app_polls.swap(0, Ordering::Relaxed) >= BUSY_POLLS {
                 // An application thread watches the link (blocked on a channel) or polls it:
                 // stay off it, waking for timers while watched, after a `PolledNap` while
                 // polled (to notice the polling stop), or when the last watcher leaves. A
@@ -1405,16 +1406,29 @@ impl Engine {
                 // would take the engine lock from the poller for a pass that finds
                 // nothing: on two cores that stalled one message in a hundred by ~20 us).
                 if !watched && link_quiet {
-                    let idle = ns(self.now()).saturating_sub(self.last_app_pass.load(Ordering::Relaxed));
+                    let last = self.last_app_pass.load(Ordering::Relaxed);
+                    let recent = last != NEVER && ns(self.now()).saturating_sub(last) < ns(POLLER_GONE);
                     // A pass still running (a long one, receiving a burst) holds the lock.
                     let busy = matches!(self.core.try_lock(), Err(std::sync::TryLockError::WouldBlock));
-                    skip = polled.ended(idle < ns(POLLER_GONE) || busy);
+                    skip = polled.ended(recent || busy);
+                    if !skip {
+                        // Gone: the polls it made before it left must not buy another nap.
+                        self.app_polls.store(0, Ordering::Relaxed);
+                    }
                 }
-            } else if last_rx.is_some_and(|t| self.now() < t + SPIN_AFTER_RX) {
-                // This thread serves the link and traffic is flowing: poll again at once
-                // (awake: a post's new timer needs no nudge).
+            } else if let Some(t) = last_rx.filter(|&t| self.now() < t + SPIN_AFTER_RX) {
+                // This thread serves the link and traffic is flowing: stay awake (a post's
+                // new timer needs no nudge meanwhile), watching the link without the engine
+                // lock, which stays free for the application's posts and polls, until
+                // something arrives, a timer is due or the spin ends; then a pass.
                 self.sleeping_until.store(0, Ordering::Release);
-                std::hint::spin_loop();
+                let end = timeout.map_or(t + SPIN_AFTER_RX, |d| (self.now() + d).min(t + SPIN_AFTER_RX));
+                while !self.stop.load(Ordering::Relaxed)
+                    && self.now() < end
+                    && sys::wait_readable_any(&self.link_fds, Some(Duration::ZERO)).unwrap_or(1) == 0
+                {
+                    std::hint::spin_loop();
+                }
                 continue;
             } else {
                 last_rx = None;

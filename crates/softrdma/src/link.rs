@@ -266,7 +266,8 @@ fn bind_group(group: IpAddr, device: SocketAddr, ifindex: u32) -> Result<UdpSock
 const RECV_BUFFER: usize = 32 << 20;
 
 /// Gives a socket [`RECV_BUFFER`]: beyond `net.core.rmem_max` where the process may
-/// (`SO_RCVBUFFORCE`, with CAP_NET_ADMIN), up to it otherwise. Memory is charged only
+/// (`SO_RCVBUFFORCE`, with CAP_NET_ADMIN), else as much as `rmem_max` allows (the kernel
+/// grants twice the limit it is asked, as bookkeeping room). Memory is charged only
 /// for datagrams queued, not for the limit.
 fn grow_recv_buffer(s: &socket2::Socket) {
     let half = libc::c_int::try_from(RECV_BUFFER / 2).unwrap_or(libc::c_int::MAX); // the kernel doubles it
