@@ -373,6 +373,15 @@ pub(crate) struct RecvBatch {
     /// Headers the last call may have written (the kernel updates each received one's
     /// lengths and flags): reset before the next, the rest are as set up.
     dirty: usize,
+    /// How many datagrams the next call asks for, and whether the last call that received
+    /// any filled what it asked. `recvmmsg` goes on to the next header after each datagram
+    /// until one finds the queue empty, and that last try (a header copied in, its iovec
+    /// imported, the queue locked) is paid on every call that does not fill the batch: on
+    /// a ping-pong's every message, between its arrival and its processing. So a call asks
+    /// for as many as the last one got, and twice that after two full calls in a row (no
+    /// empty call between them: a stream that keeps the queue filled).
+    want: usize,
+    was_full: bool,
 }
 
 /// What the control messages of a received datagram said.
@@ -405,6 +414,8 @@ impl RecvBatch {
             meta: vec![Ancillary::default(); n],
             count: 0,
             dirty: n,
+            want: 1,
+            was_full: false,
         };
         for i in 0..n {
             let base = b.bufs[i * slot..].as_mut_ptr();
@@ -429,7 +440,7 @@ impl RecvBatch {
             h.msg_hdr.msg_controllen = std::mem::size_of::<[u64; 16]>() as _;
             h.msg_hdr.msg_flags = 0;
         }
-        let n = self.hdrs.len();
+        let n = self.want.min(self.hdrs.len());
         // SAFETY: every header points to a distinct live buffer, address slot, control
         // buffer and iovec of this batch, which outlive the call. The system call itself,
         // not glibc's wrapper: a busy poll makes millions that find nothing, and the
@@ -446,6 +457,18 @@ impl RecvBatch {
         };
         self.count = if r > 0 { r as usize } else { 0 };
         self.dirty = self.count.max(1);
+        if self.count > 0 {
+            let full = self.count == n;
+            if full && self.was_full {
+                self.want = (n * 2).min(self.hdrs.len());
+            } else if !full {
+                self.want = self.count;
+            }
+            self.was_full = full;
+        } else {
+            // The queue ran dry in between: what follows is a new burst.
+            self.was_full = false;
+        }
         for i in 0..self.count {
             let h = &self.hdrs[i];
             // A truncated datagram is longer than anything we accept; mark it empty so that
