@@ -630,7 +630,7 @@ mod tests {
         let to = rx.local_addr().unwrap();
         let mut b = RecvBatch::new(16, 64);
         let mut got = vec![];
-        let mut drain = |b: &mut RecvBatch, got: &mut Vec<u32>| {
+        let drain = |b: &mut RecvBatch, got: &mut Vec<u32>| {
             let n = b.recv(rx.as_raw_fd());
             for i in 0..n {
                 let (_, _, mut segs) = b.get(i).unwrap();
