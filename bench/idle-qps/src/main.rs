@@ -54,7 +54,7 @@ fn main() {
     let sa = Side { cq: cqa, qp: pa.handshake(&eb, &opts).unwrap(), mr: mra };
     let sb = Side { cq: cqb, qp: pb.handshake(&ea, &opts).unwrap(), mr: mrb };
     for s in [&sa, &sb] {
-        s.qp.post_recv(RecvWr { wr_id: 0, sg_list: vec![s.mr.sge(0, 64).unwrap()] }).unwrap();
+        s.qp.post_recv(RecvWr { wr_id: 0, sg_list: softrdma::sgl![s.mr.sge(0, 64).unwrap()] }).unwrap();
     }
 
     // Idle QPs, connected (RTS) to a peer that never speaks: they hold no timers and no work.
@@ -78,7 +78,7 @@ fn main() {
         let start = Instant::now();
         for i in 0..iters {
             for (from, to) in [(&sa, &sb), (&sb, &sa)] {
-                let sg_list = vec![from.mr.sge(64, 8).unwrap()];
+                let sg_list = softrdma::sgl![from.mr.sge(64, 8).unwrap()];
                 from.qp
                     .post_send(SendWr { wr_id: 1, op: SendOp::Send, sg_list, flags: flags(i), ud: None })
                     .unwrap();
@@ -88,7 +88,9 @@ fn main() {
                         break;
                     }
                 }
-                to.qp.post_recv(RecvWr { wr_id: 0, sg_list: vec![to.mr.sge(0, 64).unwrap()] }).unwrap();
+                to.qp
+                    .post_recv(RecvWr { wr_id: 0, sg_list: softrdma::sgl![to.mr.sge(0, 64).unwrap()] })
+                    .unwrap();
             }
         }
         start.elapsed().as_secs_f64() * 1e6 / iters as f64

@@ -96,14 +96,14 @@ impl Node {
         };
         let qp = id.create_qp(&pd, &QpBuilder::rc().caps(caps).sq_sig_all(true), &send_cq, &recv_cq)?;
         for _ in 0..a.count {
-            qp.post_recv(RecvWr { wr_id: 0, sg_list: vec![mr.sge(0, a.size as usize)?] })?;
+            qp.post_recv(RecvWr { wr_id: 0, sg_list: softrdma::sgl![mr.sge(0, a.size as usize)?] })?;
         }
         Ok(Node { id: id.clone(), send_cq, recv_cq, mr, qp, _pd: pd })
     }
 
     fn post_sends(&self, a: &CmatoseArgs) -> Result<(), Fail> {
         for _ in 0..a.count {
-            let sg = vec![self.mr.sge(0, a.size as usize)?];
+            let sg = softrdma::sgl![self.mr.sge(0, a.size as usize)?];
             let wr =
                 SendWr { wr_id: 0, op: SendOp::Send, sg_list: sg, flags: SendFlags::default(), ud: None };
             self.qp.post_send(wr)?;

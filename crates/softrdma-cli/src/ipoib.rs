@@ -254,7 +254,7 @@ impl Ipoib {
         let wr = sge.ok().filter(|_| ok).map(|sge| SendWr {
             wr_id: s as u64,
             op: SendOp::Send,
-            sg_list: vec![sge],
+            sg_list: softrdma::sgl![sge],
             flags: SendFlags { signaled: true, ..Default::default() },
             ud,
         });
@@ -460,7 +460,7 @@ impl Rx {
     fn post_ud(&self, ud: &QueuePair, k: usize) -> softrdma::Result<()> {
         ud.post_recv(RecvWr {
             wr_id: k as u64,
-            sg_list: vec![self.ud_mr.sge(k * self.ud_slot, self.ud_slot)?],
+            sg_list: softrdma::sgl![self.ud_mr.sge(k * self.ud_slot, self.ud_slot)?],
         })
     }
 
@@ -468,7 +468,7 @@ impl Rx {
         let Some((srq, mr)) = &self.srq else { return Ok(()) };
         srq.post_recv(RecvWr {
             wr_id: SRQ_TAG | k as u64,
-            sg_list: vec![mr.sge(k * (HDR + CM_MTU), HDR + CM_MTU)?],
+            sg_list: softrdma::sgl![mr.sge(k * (HDR + CM_MTU), HDR + CM_MTU)?],
         })
     }
 }

@@ -451,7 +451,7 @@ pub(crate) fn with_oversize_hint(e: Failure, ctx: &Context) -> Failure {
 
 fn post_recv_slot(rx: &MemoryRegion, slot: usize, k: usize, qp: &impl PostRecv) -> Result<(), Failure> {
     let sge = rx.sge(k * slot, slot).map_err(|e| e.to_string())?;
-    qp.post(RecvWr { wr_id: k as u64, sg_list: vec![sge] })
+    qp.post(RecvWr { wr_id: k as u64, sg_list: softrdma::sgl![sge] })
 }
 
 trait PostRecv {
@@ -493,7 +493,7 @@ impl Run<'_> {
         let wr = SendWr {
             wr_id: send_wr_id(i),
             op: SendOp::Send,
-            sg_list: vec![self.tx.sge(0, self.args.size).map_err(|e| e.to_string())?],
+            sg_list: softrdma::sgl![self.tx.sge(0, self.args.size).map_err(|e| e.to_string())?],
             flags: SendFlags { signaled: true, ..SendFlags::default() },
             ud: self.dest,
         };

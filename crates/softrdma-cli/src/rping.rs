@@ -111,7 +111,7 @@ impl Conn {
     }
 
     fn post_recv(&self) -> Result<(), Fail> {
-        self.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![self.recv.sge(0, INFO)?] })?;
+        self.qp.post_recv(RecvWr { wr_id: 1, sg_list: softrdma::sgl![self.recv.sge(0, INFO)?] })?;
         Ok(())
     }
 
@@ -119,7 +119,7 @@ impl Conn {
         let wr = SendWr {
             wr_id: 2,
             op,
-            sg_list: vec![mr.sge(0, len)?],
+            sg_list: softrdma::sgl![mr.sge(0, len)?],
             flags: SendFlags { signaled: true, ..Default::default() },
             ud: None,
         };

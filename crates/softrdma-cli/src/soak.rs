@@ -284,7 +284,7 @@ fn passive(args: &SoakArgs) -> Result<bool, String> {
         prepared
             .post_recv(RecvWr {
                 wr_id: k as u64,
-                sg_list: vec![recv.sge(k * slot, slot).map_err(|e| e.to_string())?],
+                sg_list: softrdma::sgl![recv.sge(k * slot, slot).map_err(|e| e.to_string())?],
             })
             .map_err(|e| e.to_string())?;
     }
@@ -370,7 +370,8 @@ fn passive(args: &SoakArgs) -> Result<bool, String> {
         }
         let sge = recv.sge(wc.wr_id as usize * slot, slot).map_err(|e| e.to_string())?;
         if wc.opcode == WcOpcode::Recv || wc.opcode == WcOpcode::RecvRdmaWithImm {
-            qp.post_recv(RecvWr { wr_id: wc.wr_id, sg_list: vec![sge] }).map_err(|e| e.to_string())?;
+            qp.post_recv(RecvWr { wr_id: wc.wr_id, sg_list: softrdma::sgl![sge] })
+                .map_err(|e| e.to_string())?;
         }
     }
     println!("{{\"received\":{received},\"data_errors\":{data_errors},\"status_errors\":{status_errors}}}");
@@ -547,7 +548,7 @@ fn drive(
             let wr = SendWr {
                 wr_id: n,
                 op,
-                sg_list: vec![mr.sge(local, size).map_err(|e| e.to_string())?],
+                sg_list: softrdma::sgl![mr.sge(local, size).map_err(|e| e.to_string())?],
                 flags: SendFlags { signaled: true, ..Default::default() },
                 ud: None,
             };
@@ -643,7 +644,7 @@ fn check_counter(
     let wr = SendWr {
         wr_id: u64::MAX,
         op: SendOp::Read { remote_addr: counter, rkey },
-        sg_list: vec![mr.sge(0, 8).map_err(|e| e.to_string())?],
+        sg_list: softrdma::sgl![mr.sge(0, 8).map_err(|e| e.to_string())?],
         flags: SendFlags { signaled: true, ..Default::default() },
         ud: None,
     };

@@ -81,7 +81,7 @@ impl Node {
         };
         let qp = id.create_qp(&pd, &QpBuilder::ud(UDP_QKEY).caps(caps), &cq, &cq)?;
         for _ in 0..a.count {
-            qp.post_recv(RecvWr { wr_id: 0, sg_list: vec![mr.sge(0, a.size as usize + GRH)?] })?;
+            qp.post_recv(RecvWr { wr_id: 0, sg_list: softrdma::sgl![mr.sge(0, a.size as usize + GRH)?] })?;
         }
         Ok(Node { _id: id.clone(), cq, mr, qp, dest: None, _pd: pd })
     }
@@ -92,7 +92,7 @@ impl Node {
             let wr = SendWr {
                 wr_id: 0,
                 op: SendOp::SendWithImm(self.qp.qpn().get()),
-                sg_list: vec![self.mr.sge(0, a.size as usize)?],
+                sg_list: softrdma::sgl![self.mr.sge(0, a.size as usize)?],
                 flags: SendFlags { signaled, ..Default::default() },
                 ud: Some(dest),
             };

@@ -113,7 +113,7 @@ fn one_sided_operations_against_a_passive_process() {
     qp.post_send(SendWr {
         wr_id: 1,
         op: SendOp::Read { remote_addr: region.addr, rkey },
-        sg_list: vec![mr.sge(0, size).unwrap()],
+        sg_list: softrdma::sgl![mr.sge(0, size).unwrap()],
         flags,
         ud: None,
     })
@@ -129,7 +129,7 @@ fn one_sided_operations_against_a_passive_process() {
     qp.post_send(SendWr {
         wr_id: 2,
         op: SendOp::Write { remote_addr: region.addr, rkey },
-        sg_list: vec![mr.sge(0, size / 2).unwrap()],
+        sg_list: softrdma::sgl![mr.sge(0, size / 2).unwrap()],
         flags,
         ud: None,
     })
@@ -142,7 +142,7 @@ fn one_sided_operations_against_a_passive_process() {
         qp.post_send(SendWr {
             wr_id: 3 + k,
             op: SendOp::FetchAdd { remote_addr: region.addr + word as u64, rkey, add: 1 },
-            sg_list: vec![mr.sge(size - 64, 8).unwrap()],
+            sg_list: softrdma::sgl![mr.sge(size - 64, 8).unwrap()],
             flags,
             ud: None,
         })

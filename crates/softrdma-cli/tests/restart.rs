@@ -54,7 +54,8 @@ fn write(qp: &QueuePair, mr: &MemoryRegion, s: &EndpointInfo, wr_id: u64) {
     let r = s.region.unwrap();
     let op = SendOp::Write { remote_addr: r.addr, rkey: Rkey(r.rkey) };
     let flags = SendFlags { signaled: true, ..Default::default() };
-    qp.post_send(SendWr { wr_id, op, sg_list: vec![mr.sge(0, SIZE).unwrap()], flags, ud: None }).unwrap();
+    qp.post_send(SendWr { wr_id, op, sg_list: softrdma::sgl![mr.sge(0, SIZE).unwrap()], flags, ud: None })
+        .unwrap();
 }
 
 #[test]
@@ -87,12 +88,12 @@ fn a_restarted_peer_does_not_confuse_the_survivor() {
     let mut round = 0u64;
     let mut ping = || {
         round += 1;
-        qo.post_recv(RecvWr { wr_id: round, sg_list: vec![dst.sge(0, 64).unwrap()] }).unwrap();
+        qo.post_recv(RecvWr { wr_id: round, sg_list: softrdma::sgl![dst.sge(0, 64).unwrap()] }).unwrap();
         let flags = SendFlags { signaled: true, ..Default::default() };
         ql.post_send(SendWr {
             wr_id: round,
             op: SendOp::Send,
-            sg_list: vec![mr.sge(0, 64).unwrap()],
+            sg_list: softrdma::sgl![mr.sge(0, 64).unwrap()],
             flags,
             ud: None,
         })

@@ -20,4 +20,5 @@ pub mod sim;
 mod types;
 pub mod wire;
 
+pub use qp::SgList;
 pub use types::{Lkey, Psn, Qkey, Qpn, Rkey, MASK_24};

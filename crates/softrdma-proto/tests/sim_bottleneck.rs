@@ -85,7 +85,11 @@ fn run(b: Bottleneck, mtu: Mtu, starts: &[Duration], total: Duration, measured: 
                 let wr = SendWr {
                     wr_id,
                     op: SendOp::Write { remote_addr: 0x9000_0000, rkey: f.rkey },
-                    sg_list: vec![Sge { addr: 0x1000_0000, length: MSG as u32, lkey: f.lkey }],
+                    sg_list: softrdma_proto::sgl![Sge {
+                        addr: 0x1000_0000,
+                        length: MSG as u32,
+                        lkey: f.lkey
+                    }],
                     flags: SendFlags { signaled: true, ..SendFlags::default() },
                     ud: None,
                 };
@@ -206,7 +210,7 @@ fn random_loss_without_a_queue_costs_no_window() {
         let wr = SendWr {
             wr_id,
             op: SendOp::Write { remote_addr: 0x9000_0000, rkey },
-            sg_list: vec![Sge { addr: 0x1000_0000, length: MSG as u32, lkey }],
+            sg_list: softrdma_proto::sgl![Sge { addr: 0x1000_0000, length: MSG as u32, lkey }],
             flags: SendFlags { signaled: true, ..SendFlags::default() },
             ud: None,
         };

@@ -31,7 +31,13 @@ fn state(p: &Pair, node: usize) -> QpState {
 
 /// Posts one more WR and one more receive after a failure: both must be flushed.
 fn assert_flushes(p: &mut Pair) {
-    p.post_send(SendWr { wr_id: 99, op: SendOp::Send, sg_list: vec![], flags: Default::default(), ud: None });
+    p.post_send(SendWr {
+        wr_id: 99,
+        op: SendOp::Send,
+        sg_list: softrdma_proto::sgl![],
+        flags: Default::default(),
+        ud: None,
+    });
     let wc = p.sim.nodes[0].endpoint.qp_mut(p.qa).unwrap().poll_send_completion().unwrap();
     assert_eq!((wc.wr_id, wc.status), (99, WcStatus::WrFlushErr), "even an unsignaled WR");
 }
@@ -258,7 +264,13 @@ fn modify_rules_and_post_limits() {
     assert_eq!(qp.modify(&rtr), Err(ModifyError::Missing("path_mtu")));
     assert_eq!(qp.state(), QpState::Init);
     let e = qp.post_send(
-        SendWr { wr_id: 0, op: SendOp::Send, sg_list: vec![], flags: Default::default(), ud: None },
+        SendWr {
+            wr_id: 0,
+            op: SendOp::Send,
+            sg_list: softrdma_proto::sgl![],
+            flags: Default::default(),
+            ud: None,
+        },
         &node.mem,
     );
     assert_eq!(e, Err(PostError::InvalidState(QpState::Init)));
@@ -266,7 +278,7 @@ fn modify_rules_and_post_limits() {
     let node = &mut p.sim.nodes[0];
     let qp = node.endpoint.qp_mut(p.qa).unwrap();
     let many = vec![Sge { addr: A_BASE, length: 1, lkey: p.a.0 }; 33];
-    assert_eq!(qp.post_recv(RecvWr { wr_id: 0, sg_list: many }), Err(PostError::TooManySge));
+    assert_eq!(qp.post_recv(RecvWr { wr_id: 0, sg_list: many.into() }), Err(PostError::TooManySge));
     let cas = SendOp::CompareSwap { remote_addr: B_BASE, rkey: p.b.1, compare: 0, swap: 1 };
     let e = qp.post_send(
         SendWr { wr_id: 0, op: cas, sg_list: sge(p.a.0, A_BASE, 4), flags: signaled(), ud: None },
@@ -274,9 +286,9 @@ fn modify_rules_and_post_limits() {
     );
     assert_eq!(e, Err(PostError::AtomicBuffer));
     for i in 0..1024 {
-        qp.post_recv(RecvWr { wr_id: i, sg_list: vec![] }).unwrap();
+        qp.post_recv(RecvWr { wr_id: i, sg_list: softrdma_proto::sgl![] }).unwrap();
     }
-    assert_eq!(qp.post_recv(RecvWr { wr_id: 0, sg_list: vec![] }), Err(PostError::QueueFull));
+    assert_eq!(qp.post_recv(RecvWr { wr_id: 0, sg_list: softrdma_proto::sgl![] }), Err(PostError::QueueFull));
 }
 
 #[test]

@@ -30,21 +30,21 @@ fn two_qps_share_one_srq() {
             .endpoint
             .srq_mut(srq)
             .unwrap()
-            .post_recv(RecvWr { wr_id: i, sg_list: vec![sge] })
+            .post_recv(RecvWr { wr_id: i, sg_list: softrdma_proto::sgl![sge] })
             .unwrap();
     }
     assert!(sim.nodes[2]
         .endpoint
         .qp_mut(r0)
         .unwrap()
-        .post_recv(RecvWr { wr_id: 0, sg_list: vec![] })
+        .post_recv(RecvWr { wr_id: 0, sg_list: softrdma_proto::sgl![] })
         .is_err());
     for (n, q) in [(0, q0), (1, q1)] {
         for k in 0..4 {
             let wr = SendWr {
                 wr_id: k,
                 op: SendOp::SendWithImm(n as u32),
-                sg_list: vec![Sge { addr: 0x100_0000, length: 3000, lkey: src[n] }],
+                sg_list: softrdma_proto::sgl![Sge { addr: 0x100_0000, length: 3000, lkey: src[n] }],
                 flags: signaled(),
                 ud: None,
             };
@@ -97,7 +97,7 @@ fn inline_gather_lists_and_unsignaled_wrs() {
         Sge { addr: A_BASE + 20000, length: 2500, lkey: p.a.0 },
     ];
     let op = SendOp::Write { remote_addr: B_BASE + 100_000, rkey: p.b.1 };
-    p.post_send(SendWr { wr_id: 11, op, sg_list: pieces, flags: SendFlags::default(), ud: None });
+    p.post_send(SendWr { wr_id: 11, op, sg_list: pieces.into(), flags: SendFlags::default(), ud: None });
     p.post_send(SendWr {
         wr_id: 12,
         op: SendOp::Write { remote_addr: B_BASE + 200_000, rkey: p.b.1 },
@@ -131,7 +131,7 @@ fn fence_and_the_outstanding_read_limit() {
         p.post_send(SendWr {
             wr_id: i,
             op,
-            sg_list: vec![Sge { addr: A_BASE + 4096 * i, length: 64, lkey: p.a.0 }],
+            sg_list: softrdma_proto::sgl![Sge { addr: A_BASE + 4096 * i, length: 64, lkey: p.a.0 }],
             flags: signaled(),
             ud: None,
         });
@@ -146,7 +146,7 @@ fn fence_and_the_outstanding_read_limit() {
     p.post_send(SendWr {
         wr_id: 2,
         op,
-        sg_list: vec![Sge { addr: A_BASE + 50_000, length: 4096 + 64, lkey: p.a.0 }],
+        sg_list: softrdma_proto::sgl![Sge { addr: A_BASE + 50_000, length: 4096 + 64, lkey: p.a.0 }],
         flags: fenced,
         ud: None,
     });

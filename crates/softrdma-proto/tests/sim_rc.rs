@@ -170,12 +170,12 @@ fn atomics_clean_and_impaired_execute_exactly_once() {
         p.sim.nodes[1].mem.bytes_mut(p.b.0).unwrap()[off..off + 8].copy_from_slice(&100u64.to_ne_bytes());
         let n = 50u64;
         for i in 0..n {
-            let sg_list = vec![Sge { addr: A_BASE + 8 * i, length: 8, lkey: p.a.0 }];
+            let sg_list = softrdma_proto::sgl![Sge { addr: A_BASE + 8 * i, length: 8, lkey: p.a.0 }];
             let op = SendOp::FetchAdd { remote_addr: target, rkey: p.b.1, add: 1 };
             p.post_send(SendWr { wr_id: i, op, sg_list, flags: signaled(), ud: None });
         }
         let cas = SendOp::CompareSwap { remote_addr: target, rkey: p.b.1, compare: 100 + n, swap: 7 };
-        let sg_list = vec![Sge { addr: A_BASE + 8 * n, length: 8, lkey: p.a.0 }];
+        let sg_list = softrdma_proto::sgl![Sge { addr: A_BASE + 8 * n, length: 8, lkey: p.a.0 }];
         p.post_send(SendWr { wr_id: n, op: cas, sg_list, flags: signaled(), ud: None });
         let (s, _) = p.complete(n as usize + 1, 0);
         assert!(s.iter().all(|w| w.status == WcStatus::Success), "{name}");

@@ -62,13 +62,16 @@ fn ud_send_lands_after_the_grh_area() {
         .endpoint
         .qp_mut(qb)
         .unwrap()
-        .post_recv(RecvWr { wr_id: 5, sg_list: vec![Sge { addr: BASE, length: 40 + 1024, lkey: lb }] })
+        .post_recv(RecvWr {
+            wr_id: 5,
+            sg_list: softrdma_proto::sgl![Sge { addr: BASE, length: 40 + 1024, lkey: lb }],
+        })
         .unwrap();
     let dest = UdDest { addr: Sim::addr_of(1), qpn: qb, qkey: QKEY, traffic_class: 0 };
     let wr = SendWr {
         wr_id: 6,
         op: SendOp::SendWithImm(0xFEED),
-        sg_list: vec![Sge { addr: BASE + 100, length: 1000, lkey: la }],
+        sg_list: softrdma_proto::sgl![Sge { addr: BASE + 100, length: 1000, lkey: la }],
         flags: SendFlags { signaled: true, solicited: true, ..Default::default() },
         ud: Some(dest),
     };
@@ -105,14 +108,20 @@ fn ud_wrong_qkey_is_dropped_and_short_buffer_is_a_length_error() {
     let (qa, qb) = (ud_qp(&mut sim, 0, QKEY), ud_qp(&mut sim, 1, QKEY));
     let (la, lb) = (region(&mut sim, 0), region(&mut sim, 1));
     let qp_b = sim.nodes[1].endpoint.qp_mut(qb).unwrap();
-    qp_b.post_recv(RecvWr { wr_id: 1, sg_list: vec![Sge { addr: BASE, length: 40 + 10, lkey: lb }] })
-        .unwrap();
-    qp_b.post_recv(RecvWr { wr_id: 2, sg_list: vec![Sge { addr: BASE, length: 40 + 100, lkey: lb }] })
-        .unwrap();
+    qp_b.post_recv(RecvWr {
+        wr_id: 1,
+        sg_list: softrdma_proto::sgl![Sge { addr: BASE, length: 40 + 10, lkey: lb }],
+    })
+    .unwrap();
+    qp_b.post_recv(RecvWr {
+        wr_id: 2,
+        sg_list: softrdma_proto::sgl![Sge { addr: BASE, length: 40 + 100, lkey: lb }],
+    })
+    .unwrap();
     let send = |qkey, len| SendWr {
         wr_id: 0,
         op: SendOp::Send,
-        sg_list: vec![Sge { addr: BASE, length: len, lkey: la }],
+        sg_list: softrdma_proto::sgl![Sge { addr: BASE, length: len, lkey: la }],
         flags: SendFlags::default(),
         ud: Some(UdDest { addr: Sim::addr_of(1), qpn: qb, qkey, traffic_class: 0 }),
     };
@@ -148,7 +157,7 @@ fn uc_delivers_whole_messages_or_none() {
             .unwrap()
             .post_recv(RecvWr {
                 wr_id: i,
-                sg_list: vec![Sge { addr: BASE + 4096 * (i % 8), length: 4096, lkey: lb }],
+                sg_list: softrdma_proto::sgl![Sge { addr: BASE + 4096 * (i % 8), length: 4096, lkey: lb }],
             })
             .unwrap();
     }
@@ -156,7 +165,7 @@ fn uc_delivers_whole_messages_or_none() {
         let wr = SendWr {
             wr_id: i,
             op: SendOp::SendWithImm(i as u32),
-            sg_list: vec![Sge { addr: BASE + 7 * i, length: len, lkey: la }],
+            sg_list: softrdma_proto::sgl![Sge { addr: BASE + 7 * i, length: len, lkey: la }],
             flags: SendFlags { signaled: true, ..Default::default() },
             ud: None,
         };

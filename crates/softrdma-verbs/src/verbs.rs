@@ -461,7 +461,7 @@ pub unsafe extern "C" fn ibv_query_qp(
 ///
 /// # Safety
 /// `sg` points to `n` entries (or `n` is 0).
-unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Option<Vec<Sge>> {
+unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Option<softrdma::SgList> {
     if n < 0 || (n > 0 && sg.is_null()) {
         return None;
     }
@@ -900,7 +900,10 @@ unsafe fn wr_new(qp: *mut ibv_qp, op: SendOp) {
     unsafe {
         with_pending(qp, |q, list| {
             let flags = send_flags(q.ex.wr_flags);
-            list.push((SendWr { wr_id: q.ex.wr_id, op, sg_list: Vec::new(), flags, ud: None }, None));
+            list.push((
+                SendWr { wr_id: q.ex.wr_id, op, sg_list: softrdma::SgList::new(), flags, ud: None },
+                None,
+            ));
             Some(())
         })
     }
@@ -982,7 +985,7 @@ unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp, lkey: u32, addr: u64, length: u
     // SAFETY: forwarded.
     unsafe {
         with_pending(qp, |_, list| {
-            list.last_mut()?.0.sg_list = vec![Sge { addr, length, lkey: softrdma::Lkey(lkey) }];
+            list.last_mut()?.0.sg_list = softrdma::sgl![Sge { addr, length, lkey: softrdma::Lkey(lkey) }];
             Some(())
         })
     }

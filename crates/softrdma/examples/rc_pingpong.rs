@@ -29,8 +29,9 @@ fn side(
     let send_buf = pd.register(size, Access::NONE).unwrap();
     let recv_buf = pd.register(size, Access::LOCAL_WRITE).unwrap();
     let prepared = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
-    let post_recv =
-        |qp: &dyn Fn(RecvWr)| qp(RecvWr { wr_id: 0, sg_list: vec![recv_buf.sge(0, size).unwrap()] });
+    let post_recv = |qp: &dyn Fn(RecvWr)| {
+        qp(RecvWr { wr_id: 0, sg_list: softrdma::sgl![recv_buf.sge(0, size).unwrap()] })
+    };
     post_recv(&|wr| prepared.post_recv(wr).unwrap());
 
     // Out of band: send our endpoint, receive theirs.
@@ -44,7 +45,7 @@ fn side(
         qp.post_send(SendWr {
             wr_id: 1,
             op: SendOp::Send,
-            sg_list: vec![send_buf.sge(0, size).unwrap()],
+            sg_list: softrdma::sgl![send_buf.sge(0, size).unwrap()],
             flags,
             ud: None,
         })

@@ -33,8 +33,10 @@ fn side(
     let qp = pd.prepare_qp(&QpBuilder::ud(QKEY), &cq, &cq).unwrap();
     let me = qp.endpoint();
     let qp = qp.ready().unwrap();
-    let post_recv =
-        || qp.post_recv(RecvWr { wr_id: 0, sg_list: vec![recv_buf.sge(0, GRH + size).unwrap()] }).unwrap();
+    let post_recv = || {
+        qp.post_recv(RecvWr { wr_id: 0, sg_list: softrdma::sgl![recv_buf.sge(0, GRH + size).unwrap()] })
+            .unwrap()
+    };
     post_recv();
 
     tx.send(serde_json::to_string(&me).unwrap()).unwrap();
@@ -47,7 +49,7 @@ fn side(
         qp.post_send(SendWr {
             wr_id: 1,
             op: SendOp::Send,
-            sg_list: vec![send_buf.sge(0, size).unwrap()],
+            sg_list: softrdma::sgl![send_buf.sge(0, size).unwrap()],
             flags,
             ud: Some(dest),
         })

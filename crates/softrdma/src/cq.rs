@@ -273,6 +273,9 @@ impl CompletionQueue {
         }
         let mode = if solicited_only { ARMED_SOLICITED } else { ARMED_ANY };
         self.shared.armed.store(mode, Ordering::SeqCst);
+        // A program arms a CQ to wait for its event: what a burst of posts left for the next
+        // poll goes now.
+        self.ctx.engine.send_deferred();
         Ok(())
     }
 }
@@ -315,6 +318,8 @@ impl Future for NextCompletion<'_> {
         if shared.pop_into(&mut one) == 1 {
             return Poll::Ready(one[0]);
         }
+        // The task waits: what a burst of posts left unsent must not wait with it.
+        self.cq.ctx.engine.send_deferred();
         Poll::Pending
     }
 }

@@ -16,14 +16,16 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use softrdma_proto::cm::{CmAgent, CmConfig, CmError, CmEvent, CmState, CommId, Rep, Req};
 use softrdma_proto::endpoint::{Arrival, Endpoint, EndpointStats};
 use softrdma_proto::memory::{Access, PdId};
-use softrdma_proto::qp::{QpAttr, QpConfig, QpState, QueuePair, RecvWr, SendWr, SrqId, WorkCompletion};
+use softrdma_proto::qp::{
+    QpAttr, QpConfig, QpState, QueuePair, RecvWr, SendOp, SendWr, SrqId, WorkCompletion,
+};
 use softrdma_proto::{Lkey, Qpn};
 
 use crate::link::{Link, OutMsg, RX_BATCH};
@@ -59,6 +61,14 @@ const SPIN_AFTER_RX: Duration = Duration::from_micros(50);
 const POLLER_GONE: Duration = Duration::from_micros(100);
 /// `Engine::last_app_pass` before any pass, and after the polling thread went to block.
 const NEVER: u64 = u64::MAX;
+/// A post that begins within this time of the previous post's return belongs to a burst
+/// (a program posting in a loop: perftest posts one WR per `ibv_post_send`); a ping-pong's
+/// posts are a round trip apart.
+const POST_BURST: Duration = Duration::from_micros(1);
+/// The most work requests a burst leaves for the next pass to send.
+const DEFER_MAX: u32 = 32;
+/// The largest message a burst's post leaves for the next pass (one packet at most MTUs).
+const SMALL_WR: u64 = 4096;
 
 /// How long the progress thread naps while an application thread busy-polls, between
 /// checks that the polling goes on.
@@ -270,6 +280,10 @@ pub(crate) struct Engine {
     /// its receiving, before its sends; [`NEVER`] before the first and once the thread
     /// blocks): a napping progress thread reads from it whether the polling goes on.
     last_app_pass: AtomicU64,
+    /// When the last `post_send` returned (ns since the epoch), and how many work requests
+    /// posts have left unsent since the last flush (see [`Engine::post_send`]).
+    last_post: AtomicU64,
+    deferred: AtomicU32,
     /// The progress thread is napping off the link.
     napping: AtomicBool,
     /// Application threads blocked on a completion channel that watch the link
@@ -371,6 +385,8 @@ impl Engine {
             sleeping_until: AtomicU64::new(u64::MAX),
             app_polls: AtomicU64::new(0),
             last_app_pass: AtomicU64::new(NEVER),
+            last_post: AtomicU64::new(0),
+            deferred: AtomicU32::new(0),
             napping: AtomicBool::new(false),
             app_watching: AtomicU64::new(0),
             cm_waiting: AtomicBool::new(false),
@@ -508,11 +524,21 @@ impl Engine {
     /// Posts send WRs with one pass of the engine, so that their packets leave in as few
     /// system calls as possible. Stops at the first WR refused; returns how many were
     /// posted, with the error.
+    ///
+    /// A doorbell that waits for company: a post that is part of a burst (it begins within
+    /// [`POST_BURST`] of the previous post's return) on a device an application thread
+    /// busy-polls leaves its packets for the next pass, up to [`DEFER_MAX`] WRs, so that a
+    /// program posting one WR per call (perftest does) still sends a burst as GSO trains,
+    /// one system call for many packets, instead of one each. The poller's next CQ poll
+    /// sends them (a pass always flushes), as does a thread about to block; should the
+    /// poller leave without polling again, the progress thread's check finds it gone and
+    /// sends them. A lone post, a ping-pong's, goes at once.
     pub(crate) fn post_send(
         &self,
         qpn: Qpn,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> std::result::Result<usize, (usize, Error)> {
+        let start = ns(self.now());
         let mut core = self.lock();
         let Core { endpoint, mem, .. } = &mut *core;
         let Some(qp) = endpoint.qp_mut(qpn) else {
@@ -520,15 +546,30 @@ impl Engine {
         };
         let mut n = 0;
         let mut failed = None;
+        // Only small messages wait for company: a large one makes a GSO train of its own.
+        let mut small = true;
         for wr in wrs {
+            small &= matches!(wr.op, SendOp::Read { .. })
+                || wr.sg_list.iter().map(|s| u64::from(s.length)).sum::<u64>() <= SMALL_WR;
             if let Err(e) = qp.post_send(wr, mem) {
                 failed = Some(e.into());
                 break;
             }
             n += 1;
         }
-        self.flush(&mut core);
-        self.nudge(&mut core);
+        let last_app = self.last_app_pass.load(Ordering::Relaxed);
+        let burst = start.saturating_sub(self.last_post.load(Ordering::Relaxed)) < ns(POST_BURST)
+            && last_app != NEVER
+            && start.saturating_sub(last_app) < ns(POLLER_GONE);
+        let held = self.deferred.load(Ordering::Relaxed) + n as u32;
+        if burst && small && failed.is_none() && held < DEFER_MAX {
+            self.deferred.store(held, Ordering::Relaxed);
+        } else {
+            self.flush(&mut core);
+            self.nudge(&mut core);
+        }
+        drop(core);
+        self.last_post.store(ns(self.now()), Ordering::Relaxed);
         match failed {
             None => Ok(n),
             Some(e) => Err((n, e)),
@@ -1144,6 +1185,7 @@ impl Engine {
 
     /// [`Self::flush`] at `now`.
     fn flush_at(&self, core: &mut Core, now: Duration) {
+        self.deferred.store(0, Ordering::Relaxed);
         let local = self.local;
         if core.endpoint.cm().is_some() {
             self.cm_pump(core);
@@ -1315,8 +1357,19 @@ impl Engine {
     pub(crate) fn app_blocking(&self) {
         self.app_polls.store(0, Ordering::Relaxed);
         self.last_app_pass.store(NEVER, Ordering::Relaxed);
+        self.send_deferred();
         if self.napping.load(Ordering::Acquire) {
             self.wake.signal();
+        }
+    }
+
+    /// Sends what bursts of posts left for the next pass (a thread that polled is about
+    /// to block instead).
+    pub(crate) fn send_deferred(&self) {
+        if self.deferred.load(Ordering::Relaxed) > 0 {
+            let mut core = self.lock();
+            self.flush(&mut core);
+            self.nudge(&mut core);
         }
     }
 
@@ -1324,6 +1377,7 @@ impl Engine {
     pub(crate) fn app_watch_begin(&self) -> WatchGuard<'_> {
         self.app_polls.store(0, Ordering::Relaxed);
         self.last_app_pass.store(NEVER, Ordering::Relaxed);
+        self.send_deferred();
         self.app_watching.fetch_add(1, Ordering::SeqCst);
         WatchGuard(self)
     }

@@ -19,7 +19,7 @@
 //! qp.post_send(SendWr {
 //!     wr_id: 1,
 //!     op: SendOp::Send,
-//!     sg_list: vec![mr.sge(0, 4096)?],
+//!     sg_list: softrdma::sgl![mr.sge(0, 4096)?],
 //!     flags: SendFlags { signaled: true, ..Default::default() },
 //!     ud: None,
 //! })?;
@@ -70,7 +70,7 @@ pub use softrdma_proto::qp::{
     Mtu, QpAttr, QpAttrMask, QpCaps, QpState, QpStats, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
     UdDest, WcOpcode, WcStatus, WorkCompletion,
 };
-pub use softrdma_proto::{Lkey, Psn, Qkey, Qpn, Rkey};
+pub use softrdma_proto::{sgl, Lkey, Psn, Qkey, Qpn, Rkey, SgList};
 
 /// The environment variable that turns on softrdma's log (an `EnvFilter` string, e.g.
 /// `SOFTRDMA_LOG=debug` or `SOFTRDMA_LOG=softrdma_proto=debug`): QP state changes, NAKs

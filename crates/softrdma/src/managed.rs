@@ -247,9 +247,9 @@ impl<T: Pod> Buffer<T> {
         (a.contains(Access::REMOTE_WRITE) || a.contains(Access::REMOTE_READ)).then(|| self.mr().remote())
     }
 
-    fn sge(&self, elements: usize) -> Result<Vec<crate::Sge>> {
+    fn sge(&self, elements: usize) -> Result<crate::SgList> {
         let bytes = bytes_for::<T>(elements)?;
-        Ok(if bytes == 0 { Vec::new() } else { vec![self.mr().sge(0, bytes)?] })
+        Ok(if bytes == 0 { crate::SgList::new() } else { softrdma_proto::sgl![self.mr().sge(0, bytes)?] })
     }
 }
 

@@ -62,7 +62,7 @@ fn connect_pair(
     client.resolve_route(WAIT).unwrap();
     event(&cch, CmEventKind::RouteResolved);
     let cside = setup_qp(&client, QpBuilder::rc());
-    cside.qp.post_recv(RecvWr { wr_id: 7, sg_list: vec![cside.mr.sge(0, 4096).unwrap()] }).unwrap();
+    cside.qp.post_recv(RecvWr { wr_id: 7, sg_list: softrdma::sgl![cside.mr.sge(0, 4096).unwrap()] }).unwrap();
     let offer = ConnParam {
         private_data: b"from the client".to_vec(),
         initiator_depth: 4,
@@ -82,7 +82,7 @@ fn connect_pair(
     assert_eq!(server.peer_addr().map(|a| a.port()), client.local_addr().map(|a| a.port()));
     assert_eq!(server.local_addr(), Some(SocketAddr::new(s, port)));
     let sside = setup_qp(&server, QpBuilder::rc());
-    sside.qp.post_recv(RecvWr { wr_id: 8, sg_list: vec![sside.mr.sge(0, 4096).unwrap()] }).unwrap();
+    sside.qp.post_recv(RecvWr { wr_id: 8, sg_list: softrdma::sgl![sside.mr.sge(0, 4096).unwrap()] }).unwrap();
     server.accept(&ConnParam { private_data: b"from the server".to_vec(), ..req.param.clone() }).unwrap();
 
     let est = event(&cch, CmEventKind::Established);
@@ -112,7 +112,7 @@ fn connect_send_both_ways_write_read_and_disconnect() {
     let send = |side: &Side, op| SendWr {
         wr_id: 1,
         op,
-        sg_list: vec![side.mr.sge(0, 4).unwrap()],
+        sg_list: softrdma::sgl![side.mr.sge(0, 4).unwrap()],
         flags: SendFlags { signaled: true, ..Default::default() },
         ud: None,
     };
@@ -134,12 +134,12 @@ fn connect_send_both_ways_write_read_and_disconnect() {
     cside.mr.write(100, b"written").unwrap();
     let mut w =
         send(&cside, SendOp::Write { remote_addr: remote.addr + 200, rkey: softrdma::Rkey(remote.rkey) });
-    w.sg_list = vec![cside.mr.sge(100, 7).unwrap()];
+    w.sg_list = softrdma::sgl![cside.mr.sge(100, 7).unwrap()];
     cside.qp.post_send(w).unwrap();
     assert_eq!(wait_wc(&cside.cq).status, WcStatus::Success);
     let mut r =
         send(&cside, SendOp::Read { remote_addr: remote.addr + 200, rkey: softrdma::Rkey(remote.rkey) });
-    r.sg_list = vec![cside.mr.sge(300, 7).unwrap()];
+    r.sg_list = softrdma::sgl![cside.mr.sge(300, 7).unwrap()];
     cside.qp.post_send(r).unwrap();
     assert_eq!(wait_wc(&cside.cq).status, WcStatus::Success);
     let mut back = [0u8; 7];
@@ -549,7 +549,9 @@ fn many_concurrent_connections_to_one_listener_and_an_id_dropped_while_connected
 
     // Every connection carries its own traffic.
     for (i, (_, side, tag)) in servers.iter().enumerate() {
-        side.qp.post_recv(RecvWr { wr_id: i as u64, sg_list: vec![side.mr.sge(0, 1).unwrap()] }).unwrap();
+        side.qp
+            .post_recv(RecvWr { wr_id: i as u64, sg_list: softrdma::sgl![side.mr.sge(0, 1).unwrap()] })
+            .unwrap();
         let _ = tag;
     }
     for (i, side) in sides.iter().enumerate() {
@@ -558,7 +560,7 @@ fn many_concurrent_connections_to_one_listener_and_an_id_dropped_while_connected
             .post_send(SendWr {
                 wr_id: 0,
                 op: SendOp::Send,
-                sg_list: vec![side.mr.sge(0, 1).unwrap()],
+                sg_list: softrdma::sgl![side.mr.sge(0, 1).unwrap()],
                 flags: SendFlags::default(),
                 ud: None,
             })
@@ -601,7 +603,7 @@ fn ud_ids_resolve_the_peer_qp_with_sidr_and_exchange_datagrams() {
     let req = event(&sch, CmEventKind::ConnectRequest);
     assert_eq!(&req.param.private_data[..4], b"sidr");
     let sside = setup_qp(&req.id, QpBuilder::ud(UDP_QKEY));
-    sside.qp.post_recv(RecvWr { wr_id: 5, sg_list: vec![sside.mr.sge(0, 4096).unwrap()] }).unwrap();
+    sside.qp.post_recv(RecvWr { wr_id: 5, sg_list: softrdma::sgl![sside.mr.sge(0, 4096).unwrap()] }).unwrap();
     req.id.accept(&ConnParam::default()).unwrap();
     let est = event(&cch, CmEventKind::Established);
     let ud = est.ud.expect("ESTABLISHED carries the peer's QP");
@@ -614,7 +616,7 @@ fn ud_ids_resolve_the_peer_qp_with_sidr_and_exchange_datagrams() {
         .post_send(SendWr {
             wr_id: 1,
             op: SendOp::Send,
-            sg_list: vec![cside.mr.sge(0, 8).unwrap()],
+            sg_list: softrdma::sgl![cside.mr.sge(0, 8).unwrap()],
             flags: SendFlags { signaled: true, ..Default::default() },
             ud: Some(UdDest { addr: ud.addr, qpn: ud.qpn, qkey: ud.qkey, traffic_class: 0 }),
         })

@@ -197,12 +197,12 @@ fn legit_pair(v: &Victim) -> impl FnMut() {
     move || {
         round = round.wrapping_add(1);
         src.write(0, &[round; 256]).unwrap();
-        vq.post_recv(RecvWr { wr_id: 77, sg_list: vec![dst.sge(0, 256).unwrap()] }).unwrap();
+        vq.post_recv(RecvWr { wr_id: 77, sg_list: softrdma::sgl![dst.sge(0, 256).unwrap()] }).unwrap();
         let flags = SendFlags { signaled: true, ..Default::default() };
         oq.post_send(SendWr {
             wr_id: 1,
             op: SendOp::Send,
-            sg_list: vec![src.sge(0, 256).unwrap()],
+            sg_list: softrdma::sgl![src.sge(0, 256).unwrap()],
             flags,
             ud: None,
         })

@@ -103,7 +103,7 @@ fn mixed_operations_through_loss_duplication_reordering_and_corruption() {
         let slot = i % SLOTS;
         b.qp.post_recv(RecvWr {
             wr_id: slot as u64,
-            sg_list: vec![b.local.sge(slot * recv_buf, recv_buf).unwrap()],
+            sg_list: softrdma::sgl![b.local.sge(slot * recv_buf, recv_buf).unwrap()],
         })
         .unwrap();
     };
@@ -146,24 +146,24 @@ fn mixed_operations_through_loss_duplication_reordering_and_corruption() {
                 Op::Send { len } => {
                     a.local.write(lo, &bytes_of(i as u64, len)).unwrap();
                     sends.push((i, len));
-                    (SendOp::SendWithImm(i as u32), vec![a.local.sge(lo, len).unwrap()])
+                    (SendOp::SendWithImm(i as u32), softrdma::sgl![a.local.sge(lo, len).unwrap()])
                 }
                 Op::Write { slot: t, len } => {
                     let data = bytes_of(i as u64, len);
                     a.local.write(lo, &data).unwrap();
                     model_write[t * SLOT..t * SLOT + len].copy_from_slice(&data);
                     let remote_addr = base + (t * SLOT) as u64;
-                    (SendOp::Write { remote_addr, rkey }, vec![a.local.sge(lo, len).unwrap()])
+                    (SendOp::Write { remote_addr, rkey }, softrdma::sgl![a.local.sge(lo, len).unwrap()])
                 }
                 Op::Read { off, len } => {
                     let remote_addr = base + (read_area + off) as u64;
-                    (SendOp::Read { remote_addr, rkey }, vec![a.local.sge(lo, len).unwrap()])
+                    (SendOp::Read { remote_addr, rkey }, softrdma::sgl![a.local.sge(lo, len).unwrap()])
                 }
                 Op::FetchAdd { add } => {
                     expected_old.push((i, model_counter));
                     model_counter = model_counter.wrapping_add(add);
                     let remote_addr = base + counter as u64;
-                    (SendOp::FetchAdd { remote_addr, rkey, add }, vec![a.local.sge(lo, 8).unwrap()])
+                    (SendOp::FetchAdd { remote_addr, rkey, add }, softrdma::sgl![a.local.sge(lo, 8).unwrap()])
                 }
             };
             a.qp.post_send(SendWr { wr_id: i as u64, op, sg_list, flags: signaled, ud: None }).unwrap();
@@ -252,7 +252,7 @@ fn event_mode_receiver_through_an_impaired_network() {
         for i in 0..64 {
             b.qp.post_recv(RecvWr {
                 wr_id: i,
-                sg_list: vec![b.local.sge(i as usize * recv_buf, recv_buf).unwrap()],
+                sg_list: softrdma::sgl![b.local.sge(i as usize * recv_buf, recv_buf).unwrap()],
             })
             .unwrap();
         }
@@ -279,7 +279,7 @@ fn event_mode_receiver_through_an_impaired_network() {
             assert!(got == bytes_of(u64::from(seen), got.len()));
             b.qp.post_recv(RecvWr {
                 wr_id: wc.wr_id,
-                sg_list: vec![b.local.sge(wc.wr_id as usize * recv_buf, recv_buf).unwrap()],
+                sg_list: softrdma::sgl![b.local.sge(wc.wr_id as usize * recv_buf, recv_buf).unwrap()],
             })
             .unwrap();
             seen += 1;
@@ -293,7 +293,7 @@ fn event_mode_receiver_through_an_impaired_network() {
         let slot = (i as usize % 8) * 4096;
         a.local.write(slot, &bytes_of(u64::from(i), len)).unwrap();
         let flags = SendFlags { signaled: true, ..Default::default() };
-        let sg_list = vec![a.local.sge(slot, len).unwrap()];
+        let sg_list = softrdma::sgl![a.local.sge(slot, len).unwrap()];
         a.qp.post_send(SendWr { wr_id: u64::from(i), op: SendOp::SendWithImm(i), sg_list, flags, ud: None })
             .unwrap();
         let wc = wait(&a.cq, deadline);

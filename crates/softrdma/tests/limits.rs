@@ -31,7 +31,7 @@ fn limits_are_typed_errors() {
     let wr = || SendWr {
         wr_id: 0,
         op: SendOp::Send,
-        sg_list: vec![mr.sge(0, 8).unwrap()],
+        sg_list: softrdma::sgl![mr.sge(0, 8).unwrap()],
         flags: SendFlags::default(),
         ud: None,
     };
@@ -63,7 +63,8 @@ fn a_thousand_qps_with_traffic_on_every_one() {
     for i in 0..n {
         let qa = pa.prepare_qp(&QpBuilder::rc().caps(caps), &cqa, &cqa).unwrap();
         let qb = pb.prepare_qp(&QpBuilder::rc().caps(caps), &cqb, &cqb).unwrap();
-        qb.post_recv(RecvWr { wr_id: i as u64, sg_list: vec![dst.sge(64 * i, 64).unwrap()] }).unwrap();
+        qb.post_recv(RecvWr { wr_id: i as u64, sg_list: softrdma::sgl![dst.sge(64 * i, 64).unwrap()] })
+            .unwrap();
         let (ea, eb) = (qa.endpoint(), qb.endpoint());
         qps.push((
             qa.handshake(&eb, &ConnectOptions::default()).unwrap(),
@@ -77,7 +78,7 @@ fn a_thousand_qps_with_traffic_on_every_one() {
         qa.post_send(SendWr {
             wr_id: i as u64,
             op: SendOp::Send,
-            sg_list: vec![src.sge(64 * i, 64).unwrap()],
+            sg_list: softrdma::sgl![src.sge(64 * i, 64).unwrap()],
             flags,
             ud: None,
         })
@@ -140,8 +141,8 @@ fn every_limit_admits_its_maximum_and_refuses_one_more() {
     let p = pd.prepare_qp(&QpBuilder::rc().caps(two), &cq, &cq).unwrap();
     let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
     let sges = |n: usize| (0..n).map(|k| mr.sge(8 * k, 8).unwrap()).collect::<Vec<_>>();
-    p.post_recv(RecvWr { wr_id: 1, sg_list: sges(2) }).unwrap();
-    assert!(matches!(p.post_recv(RecvWr { wr_id: 2, sg_list: sges(3) }), Err(Error::Post(_))));
+    p.post_recv(RecvWr { wr_id: 1, sg_list: sges(2).into() }).unwrap();
+    assert!(matches!(p.post_recv(RecvWr { wr_id: 2, sg_list: sges(3).into() }), Err(Error::Post(_))));
 
     // A peer of the other IP family is refused at once, not after the retries run out.
     let v6 = softrdma::EndpointInfo { addr: "[::1]:4791".parse().unwrap(), ..p.endpoint() };

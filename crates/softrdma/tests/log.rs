@@ -119,7 +119,7 @@ fn bad_write_child() {
     qa.post_send(SendWr {
         wr_id: 7,
         op: SendOp::Write { remote_addr: r.addr, rkey: Rkey(r.rkey ^ 1) },
-        sg_list: vec![src.sge(0, 64).unwrap()],
+        sg_list: softrdma::sgl![src.sge(0, 64).unwrap()],
         flags: SendFlags { signaled: true, ..Default::default() },
         ud: None,
     })

@@ -64,11 +64,12 @@ fn send_recv_many_sizes() {
     for (i, len) in [0usize, 1, 1023, 1024, 1025, 4096, 100_000].into_iter().enumerate() {
         let data: Vec<u8> = (0..len).map(|k| (k * 31 + i) as u8).collect();
         a.mr.write(0, &data).unwrap();
-        b.qp.post_recv(RecvWr { wr_id: i as u64, sg_list: vec![b.mr.sge(0, 200_000).unwrap()] }).unwrap();
+        b.qp.post_recv(RecvWr { wr_id: i as u64, sg_list: softrdma::sgl![b.mr.sge(0, 200_000).unwrap()] })
+            .unwrap();
         a.qp.post_send(SendWr {
             wr_id: 100 + i as u64,
             op: SendOp::SendWithImm(i as u32),
-            sg_list: vec![a.mr.sge(0, len).unwrap()],
+            sg_list: softrdma::sgl![a.mr.sge(0, len).unwrap()],
             flags: signaled(),
             ud: None,
         })
@@ -96,7 +97,7 @@ fn one_sided_operations_need_nothing_from_the_passive_side() {
     a.qp.post_send(SendWr {
         wr_id: 1,
         op: SendOp::Write { remote_addr: remote.addr + 1000, rkey: softrdma::Rkey(remote.rkey) },
-        sg_list: vec![a.mr.sge(0, 200_000).unwrap()],
+        sg_list: softrdma::sgl![a.mr.sge(0, 200_000).unwrap()],
         flags: signaled(),
         ud: None,
     })
@@ -105,7 +106,7 @@ fn one_sided_operations_need_nothing_from_the_passive_side() {
     a.qp.post_send(SendWr {
         wr_id: 2,
         op: SendOp::Read { remote_addr: remote.addr + 1000, rkey: softrdma::Rkey(remote.rkey) },
-        sg_list: vec![a.mr.sge(500_000, 200_000).unwrap()],
+        sg_list: softrdma::sgl![a.mr.sge(500_000, 200_000).unwrap()],
         flags: signaled(),
         ud: None,
     })
@@ -119,7 +120,7 @@ fn one_sided_operations_need_nothing_from_the_passive_side() {
         a.qp.post_send(SendWr {
             wr_id: 10 + k,
             op: SendOp::FetchAdd { remote_addr: remote.addr + 8, rkey: softrdma::Rkey(remote.rkey), add: 5 },
-            sg_list: vec![a.mr.sge(800_000 + 8 * k as usize, 8).unwrap()],
+            sg_list: softrdma::sgl![a.mr.sge(800_000 + 8 * k as usize, 8).unwrap()],
             flags: signaled(),
             ud: None,
         })
@@ -144,7 +145,7 @@ fn bad_rkey_is_an_error_completion_not_a_crash() {
     a.qp.post_send(SendWr {
         wr_id: 1,
         op: SendOp::Write { remote_addr: remote.addr, rkey: softrdma::Rkey(remote.rkey ^ 1) },
-        sg_list: vec![a.mr.sge(0, 64).unwrap()],
+        sg_list: softrdma::sgl![a.mr.sge(0, 64).unwrap()],
         flags: signaled(),
         ud: None,
     })
@@ -223,12 +224,12 @@ fn awaitable_completions_and_cancellation() {
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         assert!(early.as_mut().poll(&mut cx).is_pending());
     }
-    b.qp.post_recv(RecvWr { wr_id: 5, sg_list: vec![b.mr.sge(0, 100).unwrap()] }).unwrap();
+    b.qp.post_recv(RecvWr { wr_id: 5, sg_list: softrdma::sgl![b.mr.sge(0, 100).unwrap()] }).unwrap();
     a.mr.write(0, b"hello, async").unwrap();
     a.qp.post_send(SendWr {
         wr_id: 6,
         op: SendOp::Send,
-        sg_list: vec![a.mr.sge(0, 12).unwrap()],
+        sg_list: softrdma::sgl![a.mr.sge(0, 12).unwrap()],
         flags: signaled(),
         ud: None,
     })
@@ -252,7 +253,7 @@ fn event_mode_wakes_on_the_completion_channel() {
     let qa = pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
     let qb = pb.prepare_qp(&QpBuilder::rc(), &cqb, &cqb).unwrap();
     let mrb = pb.register(64, Access::LOCAL_WRITE).unwrap();
-    qb.post_recv(RecvWr { wr_id: 1, sg_list: vec![mrb.sge(0, 64).unwrap()] }).unwrap();
+    qb.post_recv(RecvWr { wr_id: 1, sg_list: softrdma::sgl![mrb.sge(0, 64).unwrap()] }).unwrap();
     let (ea, eb) = (qa.endpoint(), qb.endpoint());
     let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
     let _qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
@@ -262,7 +263,7 @@ fn event_mode_wakes_on_the_completion_channel() {
     qa.post_send(SendWr {
         wr_id: 2,
         op: SendOp::Send,
-        sg_list: vec![mra.sge(0, 8).unwrap()],
+        sg_list: softrdma::sgl![mra.sge(0, 8).unwrap()],
         flags: signaled(),
         ud: None,
     })
@@ -298,12 +299,12 @@ fn event_mode_wakes_on_the_completion_channel() {
 
 /// A signaled 8-byte SEND from the start of `mr`.
 fn send8(qp: &softrdma::QueuePair, mr: &softrdma::MemoryRegion, id: u64) {
-    let sg_list = vec![mr.sge(0, 8).unwrap()];
+    let sg_list = softrdma::sgl![mr.sge(0, 8).unwrap()];
     qp.post_send(SendWr { wr_id: id, op: SendOp::Send, sg_list, flags: signaled(), ud: None }).unwrap();
 }
 
 fn qb_recv(qp: &softrdma::QueuePair, mr: &softrdma::MemoryRegion, id: u64) {
-    qp.post_recv(RecvWr { wr_id: id, sg_list: vec![mr.sge(0, 64).unwrap()] }).unwrap();
+    qp.post_recv(RecvWr { wr_id: id, sg_list: softrdma::sgl![mr.sge(0, 64).unwrap()] }).unwrap();
 }
 
 #[test]
@@ -317,7 +318,7 @@ fn an_event_whose_completions_were_polled_is_skipped_and_the_cq_stays_armed() {
     let qb = pb.prepare_qp(&QpBuilder::rc(), &cqb, &cqb).unwrap();
     let mrb = pb.register(64, Access::LOCAL_WRITE).unwrap();
     for id in [1, 2] {
-        qb.post_recv(RecvWr { wr_id: id, sg_list: vec![mrb.sge(0, 64).unwrap()] }).unwrap();
+        qb.post_recv(RecvWr { wr_id: id, sg_list: softrdma::sgl![mrb.sge(0, 64).unwrap()] }).unwrap();
     }
     let (ea, eb) = (qa.endpoint(), qb.endpoint());
     let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
@@ -381,7 +382,7 @@ fn raw_registration_and_cq_overrun() {
     a.qp.post_send(SendWr {
         wr_id: 1,
         op: SendOp::Write { remote_addr: raw.addr() + 100, rkey },
-        sg_list: vec![a.mr.sge(0, 3000).unwrap()],
+        sg_list: softrdma::sgl![a.mr.sge(0, 3000).unwrap()],
         flags: signaled(),
         ud: None,
     })
@@ -406,7 +407,7 @@ fn raw_registration_and_cq_overrun() {
     let qb = pb.prepare_qp(&QpBuilder::rc(), &small, &small).unwrap();
     let mr = pb.register(64, Access::LOCAL_WRITE).unwrap();
     for i in 0..5 {
-        qb.post_recv(RecvWr { wr_id: i, sg_list: vec![mr.sge(0, 64).unwrap()] }).unwrap();
+        qb.post_recv(RecvWr { wr_id: i, sg_list: softrdma::sgl![mr.sge(0, 64).unwrap()] }).unwrap();
     }
     let (ea, eb) = (qa.endpoint(), qb.endpoint());
     let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
@@ -416,7 +417,7 @@ fn raw_registration_and_cq_overrun() {
         qa.post_send(SendWr {
             wr_id: i,
             op: SendOp::Send,
-            sg_list: vec![src.sge(0, 8).unwrap()],
+            sg_list: softrdma::sgl![src.sge(0, 8).unwrap()],
             flags: SendFlags::default(),
             ud: None,
         })
@@ -454,7 +455,8 @@ fn shared_receive_queue_across_two_qps() {
     let srq = pb.create_srq(16, 1).unwrap();
     let mr = pb.register(16 * 256, Access::LOCAL_WRITE).unwrap();
     for i in 0..4 {
-        srq.post_recv(RecvWr { wr_id: i, sg_list: vec![mr.sge(256 * i as usize, 256).unwrap()] }).unwrap();
+        srq.post_recv(RecvWr { wr_id: i, sg_list: softrdma::sgl![mr.sge(256 * i as usize, 256).unwrap()] })
+            .unwrap();
     }
     let src = pa.register(256, Access::NONE).unwrap();
     let mut senders = Vec::new();
@@ -463,7 +465,7 @@ fn shared_receive_queue_across_two_qps() {
         let qa = pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
         let qb = pb.prepare_qp(&QpBuilder::rc().srq(&srq), &cqb, &cqb).unwrap();
         assert!(
-            qb.post_recv(RecvWr { wr_id: 9, sg_list: vec![] }).is_err(),
+            qb.post_recv(RecvWr { wr_id: 9, sg_list: softrdma::sgl![] }).is_err(),
             "a QP with an SRQ takes no receives"
         );
         let (ea, eb) = (qa.endpoint(), qb.endpoint());
@@ -475,7 +477,7 @@ fn shared_receive_queue_across_two_qps() {
             q.post_send(SendWr {
                 wr_id: (10 * k + j) as u64,
                 op: SendOp::SendWithImm(k as u32),
-                sg_list: vec![src.sge(0, 100).unwrap()],
+                sg_list: softrdma::sgl![src.sge(0, 100).unwrap()],
                 flags: SendFlags::default(),
                 ud: None,
             })
@@ -503,7 +505,7 @@ fn long_messages_travel_as_gso_and_gro_trains() {
     a.qp.post_send(SendWr {
         wr_id: 1,
         op: SendOp::Write { remote_addr: remote.addr, rkey: softrdma::Rkey(remote.rkey) },
-        sg_list: vec![a.mr.sge(0, 1_000_000).unwrap()],
+        sg_list: softrdma::sgl![a.mr.sge(0, 1_000_000).unwrap()],
         flags: signaled(),
         ud: None,
     })
@@ -526,13 +528,13 @@ fn a_pong_and_its_pings_ack_leave_as_one_train() {
     let (a, b) = pair(22, 23, Access::NONE);
     let rounds = 200;
     for k in 0..rounds {
-        b.qp.post_recv(RecvWr { wr_id: k, sg_list: vec![b.mr.sge(0, 64).unwrap()] }).unwrap();
-        a.qp.post_recv(RecvWr { wr_id: k, sg_list: vec![a.mr.sge(64, 64).unwrap()] }).unwrap();
+        b.qp.post_recv(RecvWr { wr_id: k, sg_list: softrdma::sgl![b.mr.sge(0, 64).unwrap()] }).unwrap();
+        a.qp.post_recv(RecvWr { wr_id: k, sg_list: softrdma::sgl![a.mr.sge(64, 64).unwrap()] }).unwrap();
         let send = |s: &Side| {
             s.qp.post_send(SendWr {
                 wr_id: k,
                 op: SendOp::Send,
-                sg_list: vec![s.mr.sge(128, 64).unwrap()],
+                sg_list: softrdma::sgl![s.mr.sge(128, 64).unwrap()],
                 flags: signaled(),
                 ud: None,
             })

@@ -486,7 +486,10 @@ fn a_poller_without_a_thread_dispatches_when_asked_and_counts_strays() {
     assert!(one.is_done());
     // A work request posted on the QP directly has no continuation: a stray.
     let mr = b.pd.register(16, Access::LOCAL_WRITE).unwrap();
-    b.conn.qp().post_recv(softrdma::RecvWr { wr_id: 777, sg_list: vec![mr.sge(0, 16).unwrap()] }).unwrap();
+    b.conn
+        .qp()
+        .post_recv(softrdma::RecvWr { wr_id: 777, sg_list: softrdma::sgl![mr.sge(0, 16).unwrap()] })
+        .unwrap();
     a.conn.send(Buffer::from_slice(&a.pd, &[8u8]).unwrap()).unwrap().wait_timeout(WAIT).unwrap();
     assert_eq!(b.poller.wait_timeout(Duration::from_millis(500)), 0, "a stray runs nothing");
     assert_eq!(b.poller.strays(), 1);

@@ -39,7 +39,9 @@ impl Member {
     fn post_recvs(&self, n: u64) {
         for i in 0..n {
             let off = (i as usize % 16) * 4096;
-            self.qp.post_recv(RecvWr { wr_id: i, sg_list: vec![self.mr.sge(off, 4096).unwrap()] }).unwrap();
+            self.qp
+                .post_recv(RecvWr { wr_id: i, sg_list: softrdma::sgl![self.mr.sge(off, 4096).unwrap()] })
+                .unwrap();
         }
     }
 
@@ -55,7 +57,7 @@ impl Member {
             .post_send(SendWr {
                 wr_id: 99,
                 op: SendOp::Send,
-                sg_list: vec![self.mr.sge(60 * 1024, msg.len()).unwrap()],
+                sg_list: softrdma::sgl![self.mr.sge(60 * 1024, msg.len()).unwrap()],
                 flags: SendFlags { signaled: true, ..Default::default() },
                 ud: Some(dest),
             })
@@ -211,8 +213,11 @@ fn cm_ids_join_and_leave_groups_with_events() {
         let qp = id.create_qp(&pd, &QpBuilder::ud(UDP_QKEY), &cq, &cq).unwrap();
         let mr = pd.register(64 * 1024, Access::LOCAL_WRITE).unwrap();
         for i in 0..8u64 {
-            qp.post_recv(RecvWr { wr_id: i, sg_list: vec![mr.sge(i as usize * 4096, 4096).unwrap()] })
-                .unwrap();
+            qp.post_recv(RecvWr {
+                wr_id: i,
+                sg_list: softrdma::sgl![mr.sge(i as usize * 4096, 4096).unwrap()],
+            })
+            .unwrap();
         }
         id.join_multicast(group).unwrap();
         let ev = ch.get_event_timeout(WAIT).unwrap();
@@ -229,7 +234,7 @@ fn cm_ids_join_and_leave_groups_with_events() {
         qp1.post_send(SendWr {
             wr_id: 7,
             op: SendOp::Send,
-            sg_list: vec![mr1.sge(60 * 1024, text.len()).unwrap()],
+            sg_list: softrdma::sgl![mr1.sge(60 * 1024, text.len()).unwrap()],
             flags: SendFlags { signaled: true, ..Default::default() },
             ud: Some(UdDest { addr: ud.addr, qpn: ud.qpn, qkey: ud.qkey, traffic_class: 0 }),
         })

@@ -68,7 +68,7 @@ fn a_read_targets_progress_thread_stays_awake_between_back_to_back_reads() {
         cqp.post_send(SendWr {
             wr_id: k,
             op: SendOp::Read { remote_addr: remote.addr, rkey: Rkey(remote.rkey) },
-            sg_list: vec![cmr.sge(0, 8).unwrap()],
+            sg_list: softrdma::sgl![cmr.sge(0, 8).unwrap()],
             flags: SendFlags { signaled: true, ..Default::default() },
             ud: None,
         })

@@ -88,9 +88,10 @@ fn round(a: &Side, b: &Side, k: u64) {
     let slot = (k as usize % SLOTS) * CHUNK;
     let pattern: Vec<u8> = (0..CHUNK).map(|i| (i as u64).wrapping_mul(k | 1).wrapping_add(k) as u8).collect();
     a.mr.write(slot, &pattern).unwrap();
-    b.qp.post_recv(RecvWr { wr_id: k, sg_list: vec![b.mr.sge(CHUNK * SLOTS, 8).unwrap()] }).unwrap();
+    b.qp.post_recv(RecvWr { wr_id: k, sg_list: softrdma::sgl![b.mr.sge(CHUNK * SLOTS, 8).unwrap()] })
+        .unwrap();
     let rb = b.mr.remote();
-    let wr = |op, sge| SendWr { wr_id: k, op, sg_list: vec![sge], flags: signaled(), ud: None };
+    let wr = |op, sge| SendWr { wr_id: k, op, sg_list: softrdma::sgl![sge], flags: signaled(), ud: None };
     a.qp.post_send(wr(
         SendOp::Write { remote_addr: rb.addr + slot as u64, rkey: Rkey(rb.rkey) },
         a.mr.sge(slot, CHUNK).unwrap(),

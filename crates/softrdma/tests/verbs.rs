@@ -231,7 +231,7 @@ fn destroying_a_qp_flushes_its_work_requests() {
     let qp = pd.create_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
     qp.modify(&init(Access::NONE)).unwrap();
     for i in 0..3 {
-        qp.post_recv(RecvWr { wr_id: 10 + i, sg_list: vec![mr.sge(0, 64).unwrap()] }).unwrap();
+        qp.post_recv(RecvWr { wr_id: 10 + i, sg_list: softrdma::sgl![mr.sge(0, 64).unwrap()] }).unwrap();
     }
     let qpn = qp.qpn();
     drop(qp);
@@ -251,7 +251,7 @@ fn pkey_mismatch_is_dropped_and_counted_on_a_real_socket() {
     let mr = pd.register(4096, Access::LOCAL_WRITE).unwrap();
     let attacker = UdpSocket::bind("127.0.20.2:0").unwrap();
     let p = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
-    p.post_recv(RecvWr { wr_id: 1, sg_list: vec![mr.sge(0, 4096).unwrap()] }).unwrap();
+    p.post_recv(RecvWr { wr_id: 1, sg_list: softrdma::sgl![mr.sge(0, 4096).unwrap()] }).unwrap();
     let fake =
         EndpointInfo { addr: attacker.local_addr().unwrap(), qpn: 0x99, psn: 100, mtu: 1024, region: None };
     let qp = p.handshake(&fake, &ConnectOptions::default()).unwrap();
@@ -292,7 +292,7 @@ fn address_handles_from_attributes_and_from_a_completion() {
         let cq = ctx.create_cq(64, None).unwrap();
         let mr = pd.register(8192, Access::LOCAL_WRITE).unwrap();
         let qp = pd.prepare_qp(&QpBuilder::ud(qkey), &cq, &cq).unwrap().ready().unwrap();
-        qp.post_recv(RecvWr { wr_id: 7, sg_list: vec![mr.sge(4096, 4096).unwrap()] }).unwrap();
+        qp.post_recv(RecvWr { wr_id: 7, sg_list: softrdma::sgl![mr.sge(4096, 4096).unwrap()] }).unwrap();
         (ctx, pd, cq, mr, qp)
     };
     let (ca, pda, cqa, mra, qpa) = side(3);
@@ -315,7 +315,13 @@ fn address_handles_from_attributes_and_from_a_completion() {
     assert_eq!(ah.addr(), cb.local_addr());
     mra.write(0, b"ping").unwrap();
     let flags = SendFlags { signaled: true, ..Default::default() };
-    let wr = |sge, dest| SendWr { wr_id: 1, op: SendOp::Send, sg_list: vec![sge], flags, ud: Some(dest) };
+    let wr = |sge, dest| SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: softrdma::sgl![sge],
+        flags,
+        ud: Some(dest),
+    };
     qpa.post_send(wr(mra.sge(0, 4).unwrap(), ah.dest(qpb.qpn(), qkey))).unwrap();
     assert_eq!(wait(&cqa).status, WcStatus::Success);
     let wc = wait(&cqb);

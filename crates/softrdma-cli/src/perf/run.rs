@@ -104,7 +104,13 @@ impl Session<'_> {
             matches!(self.args.test, Test::ReadLat | Test::ReadBw) || self.args.test.is_atomic();
         let inline = (size as u32) <= self.args.inline && !one_sided_in;
         let flags = SendFlags { signaled, inline, ..SendFlags::default() };
-        Ok(SendWr { wr_id, op: self.op(size), sg_list: vec![sge], flags, ud: self.ud_dests.get(q).copied() })
+        Ok(SendWr {
+            wr_id,
+            op: self.op(size),
+            sg_list: softrdma::sgl![sge],
+            flags,
+            ud: self.ud_dests.get(q).copied(),
+        })
     }
 
     /// Posts on QP `q`.

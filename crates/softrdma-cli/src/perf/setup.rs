@@ -168,7 +168,7 @@ impl<'a> Session<'a> {
         let k = self.posted_recvs[q];
         let slot = q * self.slots + (k % self.slots as u64) as usize;
         let sge = self.mr.sge(slot * self.buf, self.buf).map_err(|e| e.to_string())?;
-        let wr = RecvWr { wr_id: k, sg_list: vec![sge] };
+        let wr = RecvWr { wr_id: k, sg_list: softrdma::sgl![sge] };
         let r = match (self.qps.get(q), self.prepared.get(q)) {
             (Some(qp), _) => qp.post_recv(wr),
             (None, Some(p)) => p.post_recv(wr),

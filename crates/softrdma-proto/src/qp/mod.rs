@@ -39,7 +39,7 @@ use std::time::Duration;
 pub use attr::{ModifyError, Mtu, QpAttr, QpAttrMask, QpState, QpType};
 pub use psnset::SACK_SPAN;
 pub use srq::{Srq, SrqId};
-pub use wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
+pub use wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::memory::{Access, Memory, PdId, Segment, Segments};
 use crate::wire::{icrc, Packet, PacketRepr, ICRC_LEN};
@@ -234,7 +234,7 @@ pub struct QpStats {
 struct SendWqe {
     wr_id: u64,
     op: SendOp,
-    sgl: Vec<Sge>,
+    sgl: SgList,
     inline: Option<Vec<u8>>,
     signaled: bool,
     solicited: bool,
@@ -266,7 +266,7 @@ impl SendWqe {
 
 struct RecvWqe {
     wr_id: u64,
-    sgl: Vec<Sge>,
+    sgl: SgList,
     len: u64,
 }
 

@@ -160,7 +160,7 @@ impl T {
         let wr = SendWr {
             wr_id,
             op,
-            sg_list: vec![Sge { addr: BASE + off, length: len, lkey: self.lkey }],
+            sg_list: crate::sgl![Sge { addr: BASE + off, length: len, lkey: self.lkey }],
             flags: SendFlags { signaled: true, ..SendFlags::default() },
             ud: None,
         };
@@ -534,8 +534,11 @@ fn a_send_without_a_receive_is_rnr_nakked_and_then_lands() {
     let out = t.out();
     assert_eq!(out[0].syndrome, Some(AethSyndrome::RnrNak { timer: 1 }));
     assert_eq!(t.qp.stats().rnr_naks_sent, 1);
-    t.qp.post_recv(RecvWr { wr_id: 9, sg_list: vec![Sge { addr: BASE + 512, length: 64, lkey: t.lkey }] })
-        .unwrap();
+    t.qp.post_recv(RecvWr {
+        wr_id: 9,
+        sg_list: crate::sgl![Sge { addr: BASE + 512, length: 64, lkey: t.lkey }],
+    })
+    .unwrap();
     t.request(Operation::SendOnly, RQ, 0, &[5; 16]);
     let wc = t.qp.poll_recv_completion().unwrap();
     assert_eq!((wc.wr_id, wc.status, wc.byte_len), (9, WcStatus::Success, 16));
@@ -606,9 +609,10 @@ fn state_transitions_follow_the_verbs_rules() {
     );
     assert_eq!(qp.state(), QpState::Init);
     // Receives may be posted in INIT; sends may not before RTS.
-    qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![] }).unwrap();
+    qp.post_recv(RecvWr { wr_id: 1, sg_list: crate::sgl![] }).unwrap();
     let mem = SimMemory::new(2);
-    let wr = SendWr { wr_id: 2, op: SendOp::Send, sg_list: vec![], flags: SendFlags::default(), ud: None };
+    let wr =
+        SendWr { wr_id: 2, op: SendOp::Send, sg_list: crate::sgl![], flags: SendFlags::default(), ud: None };
     assert!(matches!(qp.post_send(wr.clone(), &mem), Err(PostError::InvalidState(QpState::Init))));
     qp.modify(&rtr).unwrap();
     qp.modify(&rts).unwrap();
@@ -721,8 +725,11 @@ fn send_with_tos(t: &mut T, psn: u32, tos: u8) {
 fn a_congestion_mark_is_answered_with_one_cnp_per_interval() {
     let mut t = T::new(QpType::Rc);
     for k in 0..3 {
-        t.qp.post_recv(RecvWr { wr_id: k, sg_list: vec![Sge { addr: BASE, length: 64, lkey: t.lkey }] })
-            .unwrap();
+        t.qp.post_recv(RecvWr {
+            wr_id: k,
+            sg_list: crate::sgl![Sge { addr: BASE, length: 64, lkey: t.lkey }],
+        })
+        .unwrap();
     }
     // Not marked: an ACK, no CNP.
     send_with_tos(&mut t, RQ, 0b10);
@@ -842,7 +849,7 @@ impl Ep {
         let wr = SendWr {
             wr_id,
             op: SendOp::Send,
-            sg_list: vec![Sge { addr: BASE, length: 8, lkey: self.lkey }],
+            sg_list: crate::sgl![Sge { addr: BASE, length: 8, lkey: self.lkey }],
             flags: SendFlags::default(),
             ud: None,
         };

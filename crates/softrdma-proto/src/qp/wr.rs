@@ -15,6 +15,155 @@ pub struct Sge {
     pub lkey: Lkey,
 }
 
+/// A work request's scatter/gather list: what `ibv_send_wr`'s `sg_list` and `num_sge`
+/// say. Up to [`SgList::INLINE`] entries are held in the list itself, so that posting a
+/// work request with one or two entries allocates nothing; longer lists go to the heap.
+/// It dereferences to a slice of [`Sge`]s; build one with [`sgl!`](crate::sgl), from an
+/// array, a `Vec` or an iterator.
+///
+/// ```
+/// use softrdma_proto::{qp::Sge, sgl, Lkey, SgList};
+/// let a = Sge { addr: 0x1000, length: 64, lkey: Lkey(7) };
+/// let b = Sge { addr: 0x2000, length: 16, lkey: Lkey(7) };
+/// let list: SgList = sgl![a, b];
+/// assert_eq!(&list[..], &[a, b]);
+/// assert_eq!(list, SgList::from(vec![a, b]));
+/// assert!(sgl![].is_empty());
+/// ```
+#[derive(Clone)]
+pub struct SgList(SgRepr);
+
+#[derive(Clone)]
+enum SgRepr {
+    Inline { len: u8, sges: [Sge; SgList::INLINE] },
+    Heap(Vec<Sge>),
+}
+
+impl SgList {
+    /// Entries held without an allocation.
+    pub const INLINE: usize = 2;
+    const EMPTY: Sge = Sge { addr: 0, length: 0, lkey: Lkey(0) };
+
+    /// An empty list.
+    pub const fn new() -> SgList {
+        SgList(SgRepr::Inline { len: 0, sges: [Self::EMPTY; Self::INLINE] })
+    }
+
+    /// Empties the list.
+    pub fn clear(&mut self) {
+        *self = SgList::new();
+    }
+
+    /// Appends an entry (moving the list to the heap past [`Self::INLINE`] entries).
+    pub fn push(&mut self, sge: Sge) {
+        match &mut self.0 {
+            SgRepr::Inline { len, sges } if usize::from(*len) < Self::INLINE => {
+                sges[usize::from(*len)] = sge;
+                *len += 1;
+            }
+            SgRepr::Inline { len, sges } => {
+                let mut v = Vec::with_capacity(usize::from(*len) * 2);
+                v.extend_from_slice(&sges[..usize::from(*len)]);
+                v.push(sge);
+                self.0 = SgRepr::Heap(v);
+            }
+            SgRepr::Heap(v) => v.push(sge),
+        }
+    }
+}
+
+impl Default for SgList {
+    fn default() -> SgList {
+        SgList::new()
+    }
+}
+
+impl core::ops::Deref for SgList {
+    type Target = [Sge];
+    fn deref(&self) -> &[Sge] {
+        match &self.0 {
+            SgRepr::Inline { len, sges } => &sges[..usize::from(*len)],
+            SgRepr::Heap(v) => v,
+        }
+    }
+}
+
+impl core::ops::DerefMut for SgList {
+    fn deref_mut(&mut self) -> &mut [Sge] {
+        match &mut self.0 {
+            SgRepr::Inline { len, sges } => &mut sges[..usize::from(*len)],
+            SgRepr::Heap(v) => v,
+        }
+    }
+}
+
+impl core::fmt::Debug for SgList {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl PartialEq for SgList {
+    fn eq(&self, other: &SgList) -> bool {
+        self[..] == other[..]
+    }
+}
+
+impl Eq for SgList {}
+
+impl FromIterator<Sge> for SgList {
+    fn from_iter<I: IntoIterator<Item = Sge>>(iter: I) -> SgList {
+        let mut list = SgList::new();
+        for sge in iter {
+            list.push(sge);
+        }
+        list
+    }
+}
+
+impl<const N: usize> From<[Sge; N]> for SgList {
+    fn from(sges: [Sge; N]) -> SgList {
+        if N <= Self::INLINE {
+            sges.into_iter().collect()
+        } else {
+            SgList(SgRepr::Heap(sges.to_vec()))
+        }
+    }
+}
+
+impl From<Vec<Sge>> for SgList {
+    fn from(v: Vec<Sge>) -> SgList {
+        if v.len() <= Self::INLINE {
+            v.into_iter().collect()
+        } else {
+            SgList(SgRepr::Heap(v))
+        }
+    }
+}
+
+impl From<&[Sge]> for SgList {
+    fn from(s: &[Sge]) -> SgList {
+        s.iter().copied().collect()
+    }
+}
+
+impl<'a> IntoIterator for &'a SgList {
+    type Item = &'a Sge;
+    type IntoIter = core::slice::Iter<'a, Sge>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+/// Builds an [`SgList`] from its entries, as `vec!` builds a `Vec`: `sgl![]`,
+/// `sgl![mr.sge(0, 64)?]`, `sgl![a, b, c]`.
+#[macro_export]
+macro_rules! sgl {
+    ($($sge:expr),* $(,)?) => {
+        $crate::SgList::from([$($sge),*])
+    };
+}
+
 /// The operation of a send work request (`ibv_wr_opcode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SendOp {
@@ -125,7 +274,7 @@ pub struct SendWr {
     /// What to do.
     pub op: SendOp,
     /// Local data: gathered for SEND/WRITE, scattered into for READ and atomics.
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     /// Flags.
     pub flags: SendFlags,
     /// Destination, for UD QPs only.
@@ -138,7 +287,7 @@ pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,
     /// Where incoming data lands.
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
 }
 
 /// The status of a work completion (`ibv_wc_status`; the values are verbs').
@@ -250,4 +399,36 @@ pub struct WorkCompletion {
     pub grh: bool,
     /// The message asked for a solicited event.
     pub solicited: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SgList, Sge};
+    use crate::Lkey;
+
+    fn sge(k: u64) -> Sge {
+        Sge { addr: k * 0x100, length: k as u32, lkey: Lkey(k as u32) }
+    }
+
+    #[test]
+    fn a_scatter_gather_list_keeps_its_entries_in_order_inline_and_on_the_heap() {
+        let all: Vec<Sge> = (1..=5).map(sge).collect();
+        let mut list = SgList::new();
+        for (n, s) in all.iter().enumerate() {
+            list.push(*s);
+            assert_eq!(&list[..], &all[..=n], "after {} pushes", n + 1);
+        }
+        // Built any way, the same entries make equal lists, whatever holds them.
+        assert_eq!(list, SgList::from(all.clone()));
+        assert_eq!(list, all.iter().copied().collect::<SgList>());
+        assert_eq!(SgList::from([sge(1), sge(2)]), SgList::from(vec![sge(1), sge(2)]));
+        assert_ne!(SgList::from([sge(1), sge(2)]), SgList::from([sge(1)]));
+        assert_eq!(crate::sgl![sge(1), sge(2), sge(3)], SgList::from(&all[..3]));
+        // Entries can be changed in place (a key fixed up after the list was built).
+        list[4].lkey = Lkey(99);
+        assert_eq!(list[4].lkey, Lkey(99));
+        list.clear();
+        assert!(list.is_empty());
+        assert_eq!(format!("{:?}", crate::sgl![sge(1)]), format!("{:?}", [sge(1)]));
+    }
 }

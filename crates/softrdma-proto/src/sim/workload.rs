@@ -289,7 +289,7 @@ impl Run {
         if matches!(kind, Kind::Send | Kind::SendImm | Kind::WriteImm) {
             let sge = Sge { addr: b_addr, length: self.slot_len() as u32, lkey: self.b.0 };
             let qp = self.sim.nodes[1].endpoint.qp_mut(self.qb).expect("qp");
-            if let Err(e) = qp.post_recv(RecvWr { wr_id, sg_list: vec![sge] }) {
+            if let Err(e) = qp.post_recv(RecvWr { wr_id, sg_list: crate::sgl![sge] }) {
                 self.problem(false, format!("post_recv {wr_id}: {e}"));
             }
             self.recv_order.push_back(wr_id);
@@ -322,7 +322,7 @@ impl Run {
         let wr = SendWr {
             wr_id,
             op,
-            sg_list: vec![Sge { addr: a_addr, length: len as u32, lkey: self.a.0 }],
+            sg_list: crate::sgl![Sge { addr: a_addr, length: len as u32, lkey: self.a.0 }],
             flags: SendFlags { signaled: true, ..SendFlags::default() },
             ud: None,
         };

@@ -63,7 +63,7 @@ impl Pair {
     pub fn post_recv(&mut self, wr_id: u64, len: usize) {
         let sge = Sge { addr: B_BASE + OFF as u64, length: len as u32, lkey: self.b.0 };
         let qp = self.sim.nodes[1].endpoint.qp_mut(self.qb).unwrap();
-        qp.post_recv(RecvWr { wr_id, sg_list: vec![sge] }).unwrap();
+        qp.post_recv(RecvWr { wr_id, sg_list: softrdma_proto::sgl![sge] }).unwrap();
     }
 
     /// Runs until `n_send` send completions at A and `n_recv` receive completions at B,
@@ -98,8 +98,8 @@ impl Pair {
     }
 }
 
-pub fn sge(lkey: Lkey, base: u64, len: usize) -> Vec<Sge> {
-    vec![Sge { addr: base + OFF as u64, length: len as u32, lkey }]
+pub fn sge(lkey: Lkey, base: u64, len: usize) -> softrdma_proto::SgList {
+    softrdma_proto::sgl![Sge { addr: base + OFF as u64, length: len as u32, lkey }]
 }
 
 pub fn signaled() -> SendFlags {

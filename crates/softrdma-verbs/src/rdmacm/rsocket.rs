@@ -198,7 +198,7 @@ impl Conn {
 
     fn post_recv(&self, buf: usize) -> Result<(), c_int> {
         let sge = self.mr.sge(buf * CHUNK, CHUNK).map_err(rt_errno)?;
-        self.qp.post_recv(RecvWr { wr_id: buf as u64, sg_list: vec![sge] }).map_err(rt_errno)
+        self.qp.post_recv(RecvWr { wr_id: buf as u64, sg_list: softrdma::sgl![sge] }).map_err(rt_errno)
     }
 
     fn slot_offset(slot: usize) -> usize {
@@ -278,8 +278,8 @@ impl Conn {
     /// data.
     fn post(&mut self, slot: Option<usize>, op: SendOp, len: usize) -> Result<(), c_int> {
         let sg_list = match slot {
-            None => Vec::new(),
-            Some(k) => vec![self.mr.sge(Self::slot_offset(k), len).map_err(rt_errno)?],
+            None => softrdma::SgList::new(),
+            Some(k) => softrdma::sgl![self.mr.sge(Self::slot_offset(k), len).map_err(rt_errno)?],
         };
         let wr = SendWr {
             wr_id: slot.map_or(NO_SLOT, |k| SEND_WR + k as u64),

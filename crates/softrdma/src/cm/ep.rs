@@ -394,7 +394,7 @@ impl Ep {
 
     /// Posts a receive into `mr[offset..offset + len]` (`rdma_post_recv`).
     pub fn post_recv(&self, wr_id: u64, mr: &MemoryRegion, offset: usize, len: usize) -> Result<()> {
-        self.res()?.qp.post_recv(RecvWr { wr_id, sg_list: vec![mr.sge(offset, len)?] })
+        self.res()?.qp.post_recv(RecvWr { wr_id, sg_list: softrdma_proto::sgl![mr.sge(offset, len)?] })
     }
 
     fn post(
@@ -406,7 +406,8 @@ impl Ep {
         len: usize,
         flags: SendFlags,
     ) -> Result<()> {
-        let sg_list = if len == 0 { Vec::new() } else { vec![mr.sge(offset, len)?] };
+        let sg_list =
+            if len == 0 { crate::SgList::new() } else { softrdma_proto::sgl![mr.sge(offset, len)?] };
         self.res()?.qp.post_send(SendWr { wr_id, op, sg_list, flags, ud: None })
     }
 
