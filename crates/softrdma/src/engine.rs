@@ -63,8 +63,9 @@ const POLLER_GONE: Duration = Duration::from_micros(100);
 const NEVER: u64 = u64::MAX;
 /// A post that begins within this time of the previous post's return belongs to a burst
 /// (a program posting in a loop: perftest posts one WR per `ibv_post_send`); a ping-pong's
-/// posts are a round trip apart.
-const POST_BURST: Duration = Duration::from_micros(1);
+/// posts are a round trip apart (and one taken for a burst only moves its send to the
+/// poll that follows it).
+const POST_BURST: Duration = Duration::from_micros(4);
 /// The most work requests a burst leaves for the next pass to send.
 const DEFER_MAX: u32 = 32;
 /// The largest message a burst's post leaves for the next pass (one packet at most MTUs).

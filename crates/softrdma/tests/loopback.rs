@@ -562,6 +562,57 @@ fn a_pong_and_its_pings_ack_leave_as_one_train() {
     assert!(sa.gro_trains >= rounds / 4, "{sa:?}");
 }
 
+/// Posts `n` 8-byte SENDs from `a` to `b`, one call each, back to back, from a thread that
+/// busy-polls `a`'s CQ (before the burst and, with `then_poll`, every eighth post, as
+/// perftest polls when its send queue fills); returns `a`'s send system calls meanwhile.
+fn post_a_burst(a: &Side, b: &Side, n: u64, then_poll: bool) -> u64 {
+    for k in 0..n {
+        b.qp.post_recv(RecvWr { wr_id: k, sg_list: softrdma::sgl![b.mr.sge(0, 64).unwrap()] }).unwrap();
+    }
+    for _ in 0..32 {
+        assert!(a.cq.poll_one().is_none());
+    }
+    let before = a.ctx.io_stats().send_calls;
+    let unsignaled = SendFlags::default();
+    for k in 0..n {
+        let flags = if k + 1 == n { signaled() } else { unsignaled };
+        let sg_list = softrdma::sgl![a.mr.sge(64, 8).unwrap()];
+        a.qp.post_send(SendWr { wr_id: k, op: SendOp::Send, sg_list, flags, ud: None }).unwrap();
+        if then_poll && k % 8 == 7 && k + 1 < n {
+            assert!(a.cq.poll_one().is_none(), "only the last WR is signaled");
+        }
+    }
+    if then_poll {
+        assert_eq!(wait(&a.cq).wr_id, n - 1);
+    }
+    let calls = a.ctx.io_stats().send_calls - before;
+    for k in 0..n {
+        let wc = wait(&b.cq);
+        assert_eq!((wc.wr_id, wc.status, wc.byte_len), (k, WcStatus::Success, 8));
+    }
+    calls
+}
+
+#[test]
+fn a_burst_of_single_posts_leaves_in_few_system_calls() {
+    // One WR per call, as perftest posts: the posts of a burst wait for company, up to 32,
+    // and leave together at the next poll; every message arrives, in order. Sent one by
+    // one they take 64 calls; here, polled every eighth post, about 9. Three tries: a burst
+    // that the scheduler interrupts is cut where it was interrupted.
+    let (a, b) = pair(28, 29, Access::NONE);
+    let tries: Vec<u64> = (0..3).map(|_| post_a_burst(&a, &b, 64, true)).collect();
+    eprintln!("send calls for 64 posts: {tries:?}");
+    assert!(tries.iter().any(|&c| c <= 32), "send calls for 64 posts: {tries:?}");
+}
+
+#[test]
+fn a_burst_posted_before_the_poller_leaves_is_still_sent() {
+    // The posting thread never polls again after its burst: the progress thread finds the
+    // poller gone and sends what it left (no timing asserted; `wait` bounds it at 20 s).
+    let (a, b) = pair(30, 31, Access::NONE);
+    post_a_burst(&a, &b, 16, false);
+}
+
 /// Whether `fd` is readable now.
 fn readable(fd: std::os::fd::RawFd) -> bool {
     let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
