@@ -24,13 +24,13 @@ fuzz_target!(|data: &[u8]| {
         let wr = SendWr {
             wr_id: i,
             op: SendOp::Read { remote_addr: 0x1000, rkey: softrdma_proto::Rkey(1) },
-            sg_list: softrdma::sgl![Sge { addr: 0x1000, length: 3000, lkey: lb }],
+            sg_list: softrdma_proto::sgl![Sge { addr: 0x1000, length: 3000, lkey: lb }],
             flags: SendFlags { signaled: true, ..SendFlags::default() },
             ud: None,
         };
         let node = &mut sim.nodes[1];
         let _ = node.endpoint.qp_mut(qb).unwrap().post_send(wr, &node.mem);
-        let _ = node.endpoint.qp_mut(qb).unwrap().post_recv(RecvWr { wr_id: i, sg_list: softrdma::sgl![Sge { addr: 0x2000, length: 5000, lkey: lb }] });
+        let _ = node.endpoint.qp_mut(qb).unwrap().post_recv(RecvWr { wr_id: i, sg_list: softrdma_proto::sgl![Sge { addr: 0x2000, length: 5000, lkey: lb }] });
     }
     let _ = (qa, la);
     let (from, to) = (Sim::addr_of(0), Sim::addr_of(1));

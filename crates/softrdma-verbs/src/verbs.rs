@@ -194,7 +194,7 @@ unsafe fn post_inline(q: &Qp, mut wr: SendWr) -> c_int {
         b.buf[at..at + d.len()].copy_from_slice(d);
         at += d.len();
     }
-    // The list's own vector carries the one bounce SGE: nothing allocated per post.
+    // The list, emptied, carries the one bounce SGE (inline: nothing allocated per post).
     wr.sg_list.clear();
     wr.sg_list.push(Sge { addr: b.buf.as_ptr() as u64, length: total as u32, lkey: b.mr.lkey() });
     wr.flags.inline = true;

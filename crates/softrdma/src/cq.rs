@@ -318,8 +318,9 @@ impl Future for NextCompletion<'_> {
         if shared.pop_into(&mut one) == 1 {
             return Poll::Ready(one[0]);
         }
-        // The task waits: what a burst of posts left unsent must not wait with it.
-        self.cq.ctx.engine.send_deferred();
+        // The task waits: what a burst of posts left unsent must not wait with it (not if
+        // another thread holds the engine: a waker may poll from inside a delivery).
+        self.cq.ctx.engine.try_send_deferred();
         Poll::Pending
     }
 }

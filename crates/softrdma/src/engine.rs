@@ -285,6 +285,10 @@ pub(crate) struct Engine {
     /// posts have left unsent since the last flush (see [`Engine::post_send`]).
     last_post: AtomicU64,
     deferred: AtomicU32,
+    /// The progress thread naps because an application thread busy-polls: the poller's
+    /// next pass, or the progress thread's check when the nap ends, will send what posts
+    /// leave behind. Only then may a post leave its packets for later.
+    polled_nap: AtomicBool,
     /// The progress thread is napping off the link.
     napping: AtomicBool,
     /// Application threads blocked on a completion channel that watch the link
@@ -388,6 +392,7 @@ impl Engine {
             last_app_pass: AtomicU64::new(NEVER),
             last_post: AtomicU64::new(0),
             deferred: AtomicU32::new(0),
+            polled_nap: AtomicBool::new(false),
             napping: AtomicBool::new(false),
             app_watching: AtomicU64::new(0),
             cm_waiting: AtomicBool::new(false),
@@ -558,14 +563,20 @@ impl Engine {
             }
             n += 1;
         }
-        let last_app = self.last_app_pass.load(Ordering::Relaxed);
+        let last_app = self.last_app_pass.load(Ordering::SeqCst);
         let burst = start.saturating_sub(self.last_post.load(Ordering::Relaxed)) < ns(POST_BURST)
             && last_app != NEVER
-            && start.saturating_sub(last_app) < ns(POLLER_GONE);
-        let held = self.deferred.load(Ordering::Relaxed) + n as u32;
-        if burst && small && failed.is_none() && held < DEFER_MAX {
-            self.deferred.store(held, Ordering::Relaxed);
-        } else {
+            && start.saturating_sub(last_app) < ns(POLLER_GONE)
+            && self.polled_nap.load(Ordering::SeqCst);
+        let held = (self.deferred.load(Ordering::Relaxed) as usize).saturating_add(n);
+        // A thread that polled and is about to block clears its stamp, then looks for
+        // packets left behind; this looks at the stamp again after leaving them (both
+        // SeqCst), so one of the two sees the other and sends them.
+        let deferred = burst && small && failed.is_none() && held < DEFER_MAX as usize && {
+            self.deferred.store(held as u32, Ordering::SeqCst);
+            self.last_app_pass.load(Ordering::SeqCst) != NEVER
+        };
+        if !deferred {
             self.flush(&mut core);
             self.nudge(&mut core);
         }
@@ -828,6 +839,10 @@ impl Engine {
             let mut core = self.lock();
             if core.endpoint.cm().is_none() {
                 return Err(Error::InvalidArgument("the connection manager is not running"));
+            }
+            if self.deferred.load(Ordering::Relaxed) > 0 {
+                // Data posted before a CM call (a DREQ) leaves before its messages.
+                self.flush(&mut core);
             }
             let now = self.now();
             let r = f(&mut core, now);
@@ -1357,7 +1372,7 @@ impl Engine {
     /// thread must watch the link again, at once.
     pub(crate) fn app_blocking(&self) {
         self.app_polls.store(0, Ordering::Relaxed);
-        self.last_app_pass.store(NEVER, Ordering::Relaxed);
+        self.last_app_pass.store(NEVER, Ordering::SeqCst);
         self.send_deferred();
         if self.napping.load(Ordering::Acquire) {
             self.wake.signal();
@@ -1367,17 +1382,29 @@ impl Engine {
     /// Sends what bursts of posts left for the next pass (a thread that polled is about
     /// to block instead).
     pub(crate) fn send_deferred(&self) {
-        if self.deferred.load(Ordering::Relaxed) > 0 {
+        if self.deferred.load(Ordering::SeqCst) > 0 {
             let mut core = self.lock();
             self.flush(&mut core);
             self.nudge(&mut core);
         }
     }
 
+    /// [`Self::send_deferred`] unless another thread holds the engine (which sends them
+    /// itself, or the progress thread's check does): for callers that may run while this
+    /// thread holds it (a waker woken by a completion pushed under the lock).
+    pub(crate) fn try_send_deferred(&self) {
+        if self.deferred.load(Ordering::SeqCst) > 0 {
+            if let Ok(mut core) = self.core.try_lock() {
+                self.flush(&mut core);
+                self.nudge(&mut core);
+            }
+        }
+    }
+
     /// An application thread starts watching the link while it waits for an event.
     pub(crate) fn app_watch_begin(&self) -> WatchGuard<'_> {
         self.app_polls.store(0, Ordering::Relaxed);
-        self.last_app_pass.store(NEVER, Ordering::Relaxed);
+        self.last_app_pass.store(NEVER, Ordering::SeqCst);
         self.send_deferred();
         self.app_watching.fetch_add(1, Ordering::SeqCst);
         WatchGuard(self)
@@ -1406,6 +1433,8 @@ impl Engine {
         // When this thread's own pass last received: it spins until SPIN_AFTER_RX later.
         let mut last_rx: Option<Duration> = None;
         let mut polled = PolledNap::new();
+        // The last nap found the poller gone with posts it left unsent.
+        let mut left_behind = false;
         while !self.stop.load(Ordering::Acquire) {
             let timeout = if skip {
                 // Back to the nap, until the earliest deadline known.
@@ -1417,7 +1446,7 @@ impl Engine {
                 if received {
                     last_rx = Some(self.now());
                 }
-                polled.passed(received);
+                polled.passed(received || std::mem::take(&mut left_behind));
                 let next = core.endpoint.poll_timeout();
                 self.sleeping_until.store(next.map_or(u64::MAX, ns), Ordering::Release);
                 let link_wake = core.link.next_wake();
@@ -1444,6 +1473,9 @@ impl Engine {
                 self.napping.store(true, Ordering::SeqCst);
                 // The last watcher may have left since `watched` was read, before it could
                 // see `napping`: then do not nap (see `WatchGuard`).
+                if !watched {
+                    self.polled_nap.store(true, Ordering::SeqCst);
+                }
                 if !watched || self.app_watching.load(Ordering::SeqCst) > 0 {
                     let _ = sys::wait_readable([self.wake.as_raw_fd()], Some(nap));
                 }
@@ -1467,9 +1499,15 @@ impl Engine {
                     let busy = matches!(self.core.try_lock(), Err(std::sync::TryLockError::WouldBlock));
                     skip = polled.ended(recent || busy);
                     if !skip {
-                        // Gone: the polls it made before it left must not buy another nap.
+                        // Gone: the polls it made before it left must not buy another nap,
+                        // and posts it left unsent count as packets left behind.
                         self.app_polls.store(0, Ordering::Relaxed);
+                        left_behind = self.deferred.load(Ordering::SeqCst) > 0;
                     }
+                }
+                if !skip {
+                    // A pass comes next, and maybe no nap after it: posts send at once.
+                    self.polled_nap.store(false, Ordering::SeqCst);
                 }
             } else if let Some(t) = last_rx.filter(|&t| self.now() < t + SPIN_AFTER_RX) {
                 // This thread serves the link and traffic is flowing: stay awake (a post's

@@ -113,6 +113,11 @@ impl Eq for SgList {}
 
 impl FromIterator<Sge> for SgList {
     fn from_iter<I: IntoIterator<Item = Sge>>(iter: I) -> SgList {
+        let iter = iter.into_iter();
+        if iter.size_hint().0 > Self::INLINE {
+            // Known to be long: one allocation, as `collect::<Vec<_>>` makes.
+            return SgList(SgRepr::Heap(iter.collect()));
+        }
         let mut list = SgList::new();
         for sge in iter {
             list.push(sge);
@@ -143,7 +148,11 @@ impl From<Vec<Sge>> for SgList {
 
 impl From<&[Sge]> for SgList {
     fn from(s: &[Sge]) -> SgList {
-        s.iter().copied().collect()
+        if s.len() > Self::INLINE {
+            SgList(SgRepr::Heap(s.to_vec()))
+        } else {
+            s.iter().copied().collect()
+        }
     }
 }
 
@@ -160,7 +169,7 @@ impl<'a> IntoIterator for &'a SgList {
 #[macro_export]
 macro_rules! sgl {
     ($($sge:expr),* $(,)?) => {
-        $crate::SgList::from([$($sge),*])
+        <$crate::SgList as ::core::convert::From<[_; _]>>::from([$($sge),*])
     };
 }
 
