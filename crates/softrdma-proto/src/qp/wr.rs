@@ -111,6 +111,32 @@ impl PartialEq for SgList {
 
 impl Eq for SgList {}
 
+impl PartialEq<[Sge]> for SgList {
+    fn eq(&self, other: &[Sge]) -> bool {
+        self[..] == *other
+    }
+}
+
+impl<const N: usize> PartialEq<[Sge; N]> for SgList {
+    fn eq(&self, other: &[Sge; N]) -> bool {
+        self[..] == other[..]
+    }
+}
+
+impl PartialEq<Vec<Sge>> for SgList {
+    fn eq(&self, other: &Vec<Sge>) -> bool {
+        self[..] == other[..]
+    }
+}
+
+impl Extend<Sge> for SgList {
+    fn extend<I: IntoIterator<Item = Sge>>(&mut self, iter: I) {
+        for sge in iter {
+            self.push(sge);
+        }
+    }
+}
+
 impl FromIterator<Sge> for SgList {
     fn from_iter<I: IntoIterator<Item = Sge>>(iter: I) -> SgList {
         let iter = iter.into_iter();
@@ -436,6 +462,14 @@ mod tests {
         // Entries can be changed in place (a key fixed up after the list was built).
         list[4].lkey = Lkey(99);
         assert_eq!(list[4].lkey, Lkey(99));
+        // Compared with what it was built from, and grown from an iterator.
+        assert_eq!(crate::sgl![sge(1)], [sge(1)]);
+        assert_eq!(SgList::from(&all[..4]), all[..4].to_vec());
+        let four = SgList::from(&all[..4]);
+        assert!(four == all[..4]);
+        let mut grown = crate::sgl![sge(1)];
+        grown.extend(all[1..].iter().copied());
+        assert_eq!(grown, all);
         list.clear();
         assert!(list.is_empty());
         assert_eq!(format!("{:?}", crate::sgl![sge(1)]), format!("{:?}", [sge(1)]));
