@@ -11,6 +11,14 @@ use softrdma::{
     SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
+/// The tests here run one at a time: each depends on timing that another's busy threads
+/// would disturb.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 struct Side {
     ctx: Context,
     cq: CompletionQueue,
@@ -87,6 +95,7 @@ fn post_a_burst(a: &Side, b: &Side, n: u64, then_poll: bool) -> u64 {
 
 #[test]
 fn a_burst_of_single_posts_leaves_in_few_system_calls() {
+    let _serial = serial();
     // One WR per call, as perftest posts: the posts of a burst wait for company, up to 32,
     // and leave together at the next poll; every message arrives, in order. Sent one by
     // one they take 64 calls; here, polled every eighth post, about 9. Three tries: a burst
@@ -99,6 +108,7 @@ fn a_burst_of_single_posts_leaves_in_few_system_calls() {
 
 #[test]
 fn a_burst_posted_before_the_poller_leaves_is_still_sent() {
+    let _serial = serial();
     // The posting thread never polls again after its burst: the progress thread finds the
     // poller gone and sends what it left (no timing asserted; `wait` bounds it at 20 s).
     let (a, b) = pair(30, 31);
@@ -107,6 +117,7 @@ fn a_burst_posted_before_the_poller_leaves_is_still_sent() {
 
 #[test]
 fn a_pong_and_its_pings_ack_leave_as_one_train() {
+    let _serial = serial();
     // A ping-pong of 64-byte SENDs: each side's QP talks back, so the ACK of a ping waits
     // for the pong and leaves with it, one GSO train of two packets (the pong first, the
     // shorter ACK last, both ECT(0)); the other side receives it as one GRO train.
@@ -146,4 +157,64 @@ fn a_pong_and_its_pings_ack_leave_as_one_train() {
     // both counts are 0.
     assert!(sb.gso_trains >= rounds / 8, "{sb:?}");
     assert!(sa.gro_trains >= rounds / 8, "{sa:?}");
+}
+
+#[test]
+fn arming_a_cq_sends_what_a_burst_left_behind() {
+    let _serial = serial();
+    // A program that polled, posts a burst and then arms its CQ to wait for the event:
+    // the arming itself sends what the burst left for the next poll (else it would wait
+    // for the progress thread's next look, up to a millisecond).
+    let (ca, cb) = (
+        Context::open_port(IpAddr::from([127, 0, 0, 32]), 0).unwrap(),
+        Context::open_port(IpAddr::from([127, 0, 0, 33]), 0).unwrap(),
+    );
+    let ch = ca.create_channel().unwrap();
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let (cqa, cqb) = (ca.create_cq(64, Some(&ch)).unwrap(), cb.create_cq(256, None).unwrap());
+    let (qa, qb) = (
+        pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap(),
+        pb.prepare_qp(&QpBuilder::rc(), &cqb, &cqb).unwrap(),
+    );
+    let (mra, mrb) = (pa.register(64, Access::NONE).unwrap(), pb.register(64, Access::LOCAL_WRITE).unwrap());
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
+    let qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
+    let mut id = 0;
+    for _ in 0..200 {
+        // Busy-poll long enough for the progress thread to see it (it looks at least
+        // every 20 ms) and nap, the state in which posts may wait.
+        let until = Instant::now() + Duration::from_millis(25);
+        while Instant::now() < until {
+            assert!(cqa.poll_one().is_none());
+        }
+        for _ in 0..4 {
+            qb.post_recv(RecvWr { wr_id: id, sg_list: softrdma::sgl![mrb.sge(0, 8).unwrap()] }).unwrap();
+            id += 1;
+        }
+        let c0 = ca.io_stats().send_calls;
+        for k in 0..4 {
+            let flags = if k == 3 { signaled() } else { SendFlags::default() };
+            let sg_list = softrdma::sgl![mra.sge(0, 8).unwrap()];
+            qa.post_send(SendWr { wr_id: id + k, op: SendOp::Send, sg_list, flags, ud: None }).unwrap();
+        }
+        let c1 = ca.io_stats().send_calls;
+        cqa.req_notify(false).unwrap();
+        let c2 = ca.io_stats().send_calls;
+        for _ in 0..4 {
+            assert_eq!(wait(&cqb).status, WcStatus::Success);
+        }
+        if let Some(cq) = ch.get_event_timeout(Duration::from_secs(20)).unwrap() {
+            ch.ack_events(1);
+            assert_eq!(cq.poll_one().map(|wc| wc.wr_id), Some(id + 3));
+        }
+        id += 4;
+        if c1 - c0 == 1 {
+            // The first post went at once and the other three waited for company (nothing
+            // sent them since): the arming sent them.
+            assert!(c2 > c1, "send calls: {c0} before the burst, {c1} after it, {c2} after arming");
+            return;
+        }
+    }
+    panic!("no burst waited for company in 200 tries");
 }
