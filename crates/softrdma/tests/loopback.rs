@@ -5,58 +5,11 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use softrdma::{
-    Access, CompletionQueue, ConnectOptions, Context, QpBuilder, QueuePair, RecvWr, SendFlags, SendOp,
-    SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Access, ConnectOptions, Context, QpBuilder, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus,
 };
 
-fn ctx(last: u8) -> Context {
-    Context::open_port(IpAddr::from([127, 0, 0, last]), 0).expect("open loopback device")
-}
-
-fn wait(cq: &CompletionQueue) -> WorkCompletion {
-    let start = Instant::now();
-    loop {
-        if let Some(wc) = cq.poll_one() {
-            return wc;
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "no completion");
-        std::thread::yield_now();
-    }
-}
-
-struct Side {
-    ctx: Context,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: softrdma::MemoryRegion,
-}
-
-fn pair(a: u8, b: u8, access: Access) -> (Side, Side) {
-    let (ca, cb) = (ctx(a), ctx(b));
-    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    let mut sides = Vec::new();
-    let mut prepared = Vec::new();
-    for c in [&ca, &cb] {
-        let pd = c.alloc_pd();
-        let cq = c.create_cq(256, None).unwrap();
-        let p = pd.prepare_qp(&QpBuilder::rc().access(access), &cq, &cq).unwrap();
-        let mr = pd.register(1 << 20, all).unwrap();
-        prepared.push((c.clone(), cq, p, mr));
-    }
-    let ia = prepared[0].2.endpoint();
-    let ib = prepared[1].2.endpoint();
-    for (i, (c, cq, p, mr)) in prepared.into_iter().enumerate() {
-        let remote = if i == 0 { ib } else { ia };
-        let qp = p.handshake(&remote, &ConnectOptions::default()).unwrap();
-        sides.push(Side { ctx: c, cq, qp, mr });
-    }
-    let b = sides.pop().unwrap();
-    (sides.pop().unwrap(), b)
-}
-
-fn signaled() -> SendFlags {
-    SendFlags { signaled: true, ..Default::default() }
-}
+mod two_sides;
+use two_sides::{ctx, pair, signaled, wait};
 
 #[test]
 fn send_recv_many_sizes() {
@@ -625,25 +578,26 @@ fn the_channel_fd_is_readable_while_an_event_waits() {
     assert!(ch.try_get_event().is_none(), "its completion was polled already");
 }
 
-/// The child process of `a_process_that_exits_at_once_still_acknowledges_its_last_message`.
-fn exit_child(parent: &str) {
-    use std::io::{BufRead, Write};
-    let f: Vec<&str> = parent.split(' ').collect();
-    let peer = softrdma::EndpointInfo {
-        addr: f[0].parse().unwrap(),
-        qpn: f[1].parse().unwrap(),
-        psn: f[2].parse().unwrap(),
-        mtu: f[3].parse().unwrap(),
-        region: None,
-    };
-    let c = ctx(27);
+/// A device on 127.0.0.`last` with a CQ, a 64-byte region and an RC QP to connect.
+fn one_qp(
+    last: u8,
+) -> (softrdma::Context, softrdma::CompletionQueue, softrdma::MemoryRegion, softrdma::PreparedQp) {
+    let c = ctx(last);
     let pd = c.alloc_pd();
     let cq = c.create_cq(8, None).unwrap();
     let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
     let p = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
+    (c, cq, mr, p)
+}
+
+/// The child process of `a_process_that_exits_at_once_still_acknowledges_its_last_message`.
+fn exit_child(parent: &str) {
+    use std::io::{BufRead, Write};
+    let peer: softrdma::EndpointInfo = serde_json::from_str(parent).unwrap();
+    let (_c, cq, mr, p) = one_qp(27);
     let me = p.endpoint();
     let qp = p.handshake(&peer, &ConnectOptions::default()).unwrap();
-    println!("INFO {} {} {} {}", me.addr, me.qpn, me.psn, me.mtu);
+    println!("INFO {}", serde_json::to_string(&me).unwrap());
     std::io::stdout().flush().unwrap();
     let mut go = String::new();
     std::io::stdin().lock().read_line(&mut go).unwrap();
@@ -677,15 +631,11 @@ fn a_process_that_exits_at_once_still_acknowledges_its_last_message() {
         exit_child(&parent);
         return;
     }
-    let c = ctx(26);
-    let pd = c.alloc_pd();
-    let cq = c.create_cq(8, None).unwrap();
-    let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
-    let p = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
+    let (_c, cq, mr, p) = one_qp(26);
     let me = p.endpoint();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "a_process_that_exits_at_once_still_acknowledges_its_last_message", "--nocapture"])
-        .env("SOFTRDMA_TEST_EXIT_CHILD", format!("{} {} {} {}", me.addr, me.qpn, me.psn, me.mtu))
+        .env("SOFTRDMA_TEST_EXIT_CHILD", serde_json::to_string(&me).unwrap())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -693,14 +643,7 @@ fn a_process_that_exits_at_once_still_acknowledges_its_last_message() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let info =
         lines.find_map(|l| l.ok()?.strip_prefix("INFO ").map(str::to_owned)).expect("the child's endpoint");
-    let f: Vec<&str> = info.split(' ').collect();
-    let peer = softrdma::EndpointInfo {
-        addr: f[0].parse().unwrap(),
-        qpn: f[1].parse().unwrap(),
-        psn: f[2].parse().unwrap(),
-        mtu: f[3].parse().unwrap(),
-        region: None,
-    };
+    let peer: softrdma::EndpointInfo = serde_json::from_str(&info).unwrap();
     // A missing ACK fails the pong after five ACK timeouts of 67 ms (the child is gone,
     // no resend draws an answer); long enough that a busy machine's scheduling does not.
     let opts = ConnectOptions { timeout: 14, retry_cnt: 4, ..ConnectOptions::default() };

@@ -7,9 +7,11 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use softrdma::{
-    Access, CompletionQueue, ConnectOptions, Context, QpBuilder, QueuePair, RecvWr, SendFlags, SendOp,
-    SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Access, ConnectOptions, Context, QpBuilder, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus,
 };
+
+mod two_sides;
+use two_sides::{pair, signaled, wait, Side};
 
 /// The tests here run one at a time: each depends on timing that another's busy threads
 /// would disturb.
@@ -17,49 +19,6 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-struct Side {
-    ctx: Context,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: softrdma::MemoryRegion,
-}
-
-fn pair(a: u8, b: u8) -> (Side, Side) {
-    let ctx = |last: u8| Context::open_port(IpAddr::from([127, 0, 0, last]), 0).unwrap();
-    let (ca, cb) = (ctx(a), ctx(b));
-    let mut prepared = Vec::new();
-    for c in [&ca, &cb] {
-        let pd = c.alloc_pd();
-        let cq = c.create_cq(256, None).unwrap();
-        let p = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
-        let mr = pd.register(4096, Access::LOCAL_WRITE).unwrap();
-        prepared.push((c.clone(), cq, p, mr));
-    }
-    let (ia, ib) = (prepared[0].2.endpoint(), prepared[1].2.endpoint());
-    let mut sides = Vec::new();
-    for (i, (ctx, cq, p, mr)) in prepared.into_iter().enumerate() {
-        let qp = p.handshake(if i == 0 { &ib } else { &ia }, &ConnectOptions::default()).unwrap();
-        sides.push(Side { ctx, cq, qp, mr });
-    }
-    let b = sides.pop().unwrap();
-    (sides.pop().unwrap(), b)
-}
-
-fn wait(cq: &CompletionQueue) -> WorkCompletion {
-    let start = Instant::now();
-    loop {
-        if let Some(wc) = cq.poll_one() {
-            return wc;
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "no completion");
-        std::thread::yield_now();
-    }
-}
-
-fn signaled() -> SendFlags {
-    SendFlags { signaled: true, ..Default::default() }
 }
 
 /// Posts `n` 8-byte SENDs from `a` to `b`, one call each, back to back, from a thread that
@@ -100,7 +59,7 @@ fn a_burst_of_single_posts_leaves_in_few_system_calls() {
     // and leave together at the next poll; every message arrives, in order. Sent one by
     // one they take 64 calls; here, polled every eighth post, about 9. Three tries: a burst
     // that the scheduler interrupts is cut where it was interrupted.
-    let (a, b) = pair(28, 29);
+    let (a, b) = pair(28, 29, Access::NONE);
     let tries: Vec<u64> = (0..3).map(|_| post_a_burst(&a, &b, 64, true)).collect();
     eprintln!("send calls for 64 posts: {tries:?}");
     assert!(tries.iter().any(|&c| c <= 32), "send calls for 64 posts: {tries:?}");
@@ -111,7 +70,7 @@ fn a_burst_posted_before_the_poller_leaves_is_still_sent() {
     let _serial = serial();
     // The posting thread never polls again after its burst: the progress thread finds the
     // poller gone and sends what it left (no timing asserted; `wait` bounds it at 20 s).
-    let (a, b) = pair(30, 31);
+    let (a, b) = pair(30, 31, Access::NONE);
     post_a_burst(&a, &b, 16, false);
 }
 
@@ -121,7 +80,7 @@ fn a_pong_and_its_pings_ack_leave_as_one_train() {
     // A ping-pong of 64-byte SENDs: each side's QP talks back, so the ACK of a ping waits
     // for the pong and leaves with it, one GSO train of two packets (the pong first, the
     // shorter ACK last, both ECT(0)); the other side receives it as one GRO train.
-    let (a, b) = pair(22, 23);
+    let (a, b) = pair(22, 23, Access::NONE);
     let rounds = 200;
     for k in 0..rounds {
         b.qp.post_recv(RecvWr { wr_id: k, sg_list: softrdma::sgl![b.mr.sge(0, 64).unwrap()] }).unwrap();
