@@ -204,6 +204,9 @@ impl CompletionQueue {
     /// once when nothing is queued.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
         let n = self.shared.pop_into(out);
+        if n > 0 {
+            self.ctx.engine.polled_full();
+        }
         if n > 0 || out.is_empty() {
             return n;
         }
@@ -216,6 +219,9 @@ impl CompletionQueue {
     /// [`CqOptions::timestamps`]).
     pub fn poll_timestamped(&self, out: &mut [WorkCompletion], ts: &mut [u64]) -> usize {
         let n = self.shared.pop_stamped(out, ts);
+        if n > 0 {
+            self.ctx.engine.polled_full();
+        }
         if n > 0 || out.is_empty() {
             return n;
         }

@@ -281,6 +281,9 @@ pub(crate) struct Engine {
     /// its receiving, before its sends; [`NEVER`] before the first and once the thread
     /// blocks): a napping progress thread reads from it whether the polling goes on.
     last_app_pass: AtomicU64,
+    /// A CQ poll found completions (and so ran no pass, which stamps `last_app_pass`)
+    /// since the last post: the next post stamps `last_app_pass` with its own clock read.
+    polled_full: AtomicBool,
     /// When the last `post_send` returned (ns since the epoch), and how many work requests
     /// posts have left unsent since the last flush (see [`Engine::post_send`]).
     last_post: AtomicU64,
@@ -390,6 +393,7 @@ impl Engine {
             sleeping_until: AtomicU64::new(u64::MAX),
             app_polls: AtomicU64::new(0),
             last_app_pass: AtomicU64::new(NEVER),
+            polled_full: AtomicBool::new(false),
             last_post: AtomicU64::new(0),
             deferred: AtomicU32::new(0),
             polled_nap: AtomicBool::new(false),
@@ -562,6 +566,12 @@ impl Engine {
                 break;
             }
             n += 1;
+        }
+        // A poller that finds completions runs no pass to stamp its liveness: its next
+        // post does, with the clock read it made anyway.
+        if self.polled_full.load(Ordering::Relaxed) {
+            self.polled_full.store(false, Ordering::Relaxed);
+            self.last_app_pass.store(start, Ordering::SeqCst);
         }
         let last_app = self.last_app_pass.load(Ordering::SeqCst);
         let burst = start.saturating_sub(self.last_post.load(Ordering::Relaxed)) < ns(POST_BURST)
@@ -1138,6 +1148,18 @@ impl Engine {
         }
     }
 
+    /// A CQ poll found completions and returns without a pass: it still counts as a busy
+    /// poll (a program that streams sends finds completions at most polls, and its posts
+    /// should wait for company as a poller's do), and it sends what a burst of posts left
+    /// for the next pass, which a poller that keeps finding completions never runs.
+    pub(crate) fn polled_full(&self) {
+        self.app_polls.fetch_add(1, Ordering::Relaxed);
+        if !self.polled_full.load(Ordering::Relaxed) {
+            self.polled_full.store(true, Ordering::Relaxed);
+        }
+        self.try_send_deferred();
+    }
+
     /// Runs one pass if the engine is free, without counting as a busy poll.
     pub(crate) fn try_progress_quiet(&self) {
         if let Ok(mut core) = self.core.try_lock() {
@@ -1372,6 +1394,7 @@ impl Engine {
     /// thread must watch the link again, at once.
     pub(crate) fn app_blocking(&self) {
         self.app_polls.store(0, Ordering::Relaxed);
+        self.polled_full.store(false, Ordering::Relaxed);
         self.last_app_pass.store(NEVER, Ordering::SeqCst);
         self.send_deferred();
         if self.napping.load(Ordering::Acquire) {
@@ -1404,6 +1427,7 @@ impl Engine {
     /// An application thread starts watching the link while it waits for an event.
     pub(crate) fn app_watch_begin(&self) -> WatchGuard<'_> {
         self.app_polls.store(0, Ordering::Relaxed);
+        self.polled_full.store(false, Ordering::Relaxed);
         self.last_app_pass.store(NEVER, Ordering::SeqCst);
         self.send_deferred();
         self.app_watching.fetch_add(1, Ordering::SeqCst);

@@ -7,7 +7,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use softrdma::{
-    Access, ConnectOptions, Context, QpBuilder, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus,
+    Access, AhAttr, ConnectOptions, Context, Qkey, QpBuilder, RecvWr, SendFlags, SendOp, SendWr, WcOpcode,
+    WcStatus,
 };
 
 mod two_sides;
@@ -63,6 +64,80 @@ fn a_burst_of_single_posts_leaves_in_few_system_calls() {
     let tries: Vec<u64> = (0..3).map(|_| post_a_burst(&a, &b, 64, true)).collect();
     eprintln!("send calls for 64 posts: {tries:?}");
     assert!(tries.iter().any(|&c| c <= 32), "send calls for 64 posts: {tries:?}");
+}
+
+#[test]
+fn a_stream_whose_polls_find_completions_leaves_in_few_system_calls() {
+    let _serial = serial();
+    // perftest's send_bw over UD: one WR per call, every 16th signaled, at most 128
+    // outstanding, and one poll whenever the send queue is full. A UD send completes when it
+    // leaves, so nearly every poll finds a completion and runs no pass of its own; the
+    // posts must still wait for company once the stream has gone on a while (before, every
+    // one went alone: 512 calls for 512 posts). Every datagram arrives, in order.
+    let qkey = Qkey(0x1111_2222);
+    let ctx = |last: u8| Context::open_port(IpAddr::from([127, 0, 0, last]), 0).unwrap();
+    let (ca, cb) = (ctx(34), ctx(35));
+    let (pda, pdb) = (ca.alloc_pd(), cb.alloc_pd());
+    let (cqa, cqb) = (ca.create_cq(256, None).unwrap(), cb.create_cq(1024, None).unwrap());
+    let (mra, mrb) =
+        (pda.register(64, Access::NONE).unwrap(), pdb.register(64 * 1024, Access::LOCAL_WRITE).unwrap());
+    let ud = |pd: &softrdma::ProtectionDomain, cq| {
+        pd.prepare_qp(&QpBuilder::ud(qkey), cq, cq).unwrap().ready().unwrap()
+    };
+    let qpa = ud(&pda, &cqa);
+    // The stream that warms up goes to a QP with no receives posted, which drops it; the
+    // one measured to another.
+    let (sink, qpb) = (ud(&pdb, &cqb), ud(&pdb, &cqb));
+    let ah = pda.create_ah(&AhAttr::to_socket(cb.local_addr())).unwrap();
+    let (every, depth) = (16u64, 128u64);
+    // Sends `n` (a multiple of `every`) to `to`; returns the send calls they took.
+    let stream = |to, n: u64| {
+        let before = ca.io_stats().send_calls;
+        let (mut sent, mut done) = (0, 0);
+        let start = Instant::now();
+        while done < n {
+            while sent < n && sent - done < depth {
+                let flags = if sent % every == every - 1 { signaled() } else { SendFlags::default() };
+                let sg_list = softrdma::sgl![mra.sge(0, 8).unwrap()];
+                qpa.post_send(SendWr { wr_id: sent, op: SendOp::Send, sg_list, flags, ud: Some(to) })
+                    .unwrap();
+                sent += 1;
+            }
+            // One poll for up to 16 (perftest's batch), then back to posting.
+            let mut wcs = [softrdma::EMPTY_WC; 16];
+            let got = cqa.poll(&mut wcs);
+            for wc in &wcs[..got] {
+                assert_eq!(wc.status, WcStatus::Success);
+                done += every;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "{done} of {n} sends completed");
+        }
+        ca.io_stats().send_calls - before
+    };
+    let n = 512;
+    let mut tries = Vec::new();
+    for _ in 0..3 {
+        for k in 0..n {
+            qpb.post_recv(RecvWr {
+                wr_id: k,
+                sg_list: softrdma::sgl![mrb.sge(k as usize * 64, 64).unwrap()],
+            })
+            .unwrap();
+        }
+        // No empty polls before it: the stream alone must bring the progress thread to nap
+        // for a busy poller (it looks at least every 20 ms), the state in which posts wait.
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(50) {
+            stream(ah.dest(sink.qpn(), qkey), 256);
+        }
+        tries.push(stream(ah.dest(qpb.qpn(), qkey), n));
+        for k in 0..n {
+            let wc = wait(&cqb);
+            assert_eq!((wc.wr_id, wc.status, wc.byte_len, wc.qp_num), (k, WcStatus::Success, 48, qpb.qpn()));
+        }
+    }
+    eprintln!("send calls for {n} posts: {tries:?}");
+    assert!(tries.iter().any(|&c| c <= n / 4), "send calls for {n} posts: {tries:?}");
 }
 
 #[test]

@@ -322,6 +322,23 @@ const fn lookup(code: u8) -> &'static Option<Entry> {
     }
 }
 
+/// Not an opcode in the table: marks the holes of [`BY_PARTS`].
+const NO_CODE: u8 = 0xFF;
+
+/// The opcode of each transport and operation, indexed by their discriminants, built from
+/// the table at compile time: a requester looks up an opcode for every packet it sends.
+const BY_PARTS: [[u8; Operation::Sack as usize + 1]; Transport::Cnp as usize + 1] = {
+    let mut t = [[NO_CODE; Operation::Sack as usize + 1]; Transport::Cnp as usize + 1];
+    let mut code = 0;
+    while code < NO_CODE {
+        if let Some(e) = lookup(code) {
+            t[Opcode(code).transport() as usize][e.op as usize] = code;
+        }
+        code += 1;
+    }
+    t
+};
+
 impl Opcode {
     /// `code` as an opcode, or `None` if it is not in the table.
     pub const fn new(code: u8) -> Option<Opcode> {
@@ -388,8 +405,11 @@ impl Opcode {
     }
 
     /// The opcode for `op` on `transport`, if the table has one.
-    pub fn from_parts(transport: Transport, op: Operation) -> Option<Opcode> {
-        Opcode::all().find(|o| o.transport() == transport && o.operation() == op)
+    pub const fn from_parts(transport: Transport, op: Operation) -> Option<Opcode> {
+        match BY_PARTS[transport as usize][op as usize] {
+            NO_CODE => None,
+            code => Some(Opcode(code)),
+        }
     }
 
     /// Whether this is a request (sent by a requester), rather than a response.
@@ -518,5 +538,16 @@ mod tests {
         for o in Opcode::all() {
             assert_eq!(Opcode::from_parts(o.transport(), o.operation()), Some(o));
         }
+        // Every pair the table lacks is None, as a scan of the table finds.
+        let ops: Vec<Operation> = Opcode::all().map(Opcode::operation).collect();
+        for t in [Transport::Rc, Transport::Uc, Transport::Ud, Transport::Cnp] {
+            for &op in &ops {
+                let scan = Opcode::all().find(|o| o.transport() == t && o.operation() == op);
+                assert_eq!(Opcode::from_parts(t, op), scan, "{t:?} {op:?}");
+            }
+        }
+        assert_eq!(Opcode::from_parts(Transport::Ud, Operation::RdmaWriteOnly), None);
+        assert_eq!(Opcode::from_parts(Transport::Uc, Operation::RdmaReadRequest), None);
+        assert_eq!(Opcode::from_parts(Transport::Rc, Operation::Sack).map(Opcode::code), Some(0xC0));
     }
 }
