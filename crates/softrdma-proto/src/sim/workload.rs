@@ -89,6 +89,8 @@ pub struct WorkloadReport {
     pub net: NetStats,
     /// The requester QP's counters.
     pub requester: QpStats,
+    /// The responder QP's counters.
+    pub responder: QpStats,
     /// The first few problems, described.
     pub problems: Vec<String>,
 }
@@ -646,5 +648,6 @@ impl Run {
         self.report.virtual_time = self.sim.now;
         self.report.net = self.sim.net.stats();
         self.report.requester = self.sim.nodes[0].endpoint.qp(self.qa).map(|q| q.stats()).unwrap_or_default();
+        self.report.responder = self.sim.nodes[1].endpoint.qp(self.qb).map(|q| q.stats()).unwrap_or_default();
     }
 }
