@@ -109,10 +109,7 @@ pub fn run(args: &SimArgs) -> i32 {
         q.rnr_naks_received
     );
     let a = r.responder;
-    println!(
-        "responder: duplicates={} held={} sacks={}",
-        a.duplicates, a.held, a.sacks_sent
-    );
+    println!("responder: duplicates={} held={} sacks={}", a.duplicates, a.held, a.sacks_sent);
     println!(
         "ops={} completed={} data-errors={} status-errors={} bytes={} virtual-time={:.4}s wall={:.3}s",
         r.ops,

@@ -568,28 +568,99 @@ pub(crate) unsafe extern "C" fn post_send(
     // SAFETY: a live QP.
     let q = unsafe { qp_of(qp) };
     let ud = q.ibv.qp_type == IBV_QPT_UD;
+    // SAFETY (both calls of `send_wr`): each request comes from the caller's valid list.
+    let one = |w: &ibv_send_wr| match unsafe { send_wr(w, ud) } {
+        None => libc::EINVAL,
+        Some(sw) if sw.flags.inline && sends_data(&sw.op) => {
+            // The SGEs' lkeys do not matter for inline data (verbs' rule).
+            let limit = q.ibv_cap_inline();
+            if sw.sg_list.iter().map(|s| u64::from(s.length)).sum::<u64>() > u64::from(limit) {
+                return libc::EINVAL;
+            }
+            // SAFETY: the program's SGEs name readable memory (verbs' contract), and the
+            // total was bounded above.
+            unsafe { post_inline(q, sw) }
+        }
+        Some(sw) => errno_of(guard_rt(|| q.rt.post_send(sw))),
+    };
     // SAFETY: the caller's list of valid work requests (sg_list and AH included).
-    unsafe {
-        post_list(
-            wr,
-            bad_wr,
-            |w| w.next,
-            |w| match send_wr(w, ud) {
-                None => libc::EINVAL,
-                Some(sw) if sw.flags.inline && sends_data(&sw.op) => {
-                    // The SGEs' lkeys do not matter for inline data (verbs' rule).
-                    let limit = q.ibv_cap_inline();
-                    if sw.sg_list.iter().map(|s| u64::from(s.length)).sum::<u64>() > u64::from(limit) {
-                        return libc::EINVAL;
-                    }
-                    // SAFETY: the program's SGEs name readable memory (verbs' contract),
-                    // and the total was bounded above.
-                    post_inline(q, sw)
-                }
-                Some(sw) => errno_of(guard_rt(|| q.rt.post_send(sw))),
-            },
-        )
+    if wr.is_null() || unsafe { (*wr).next.is_null() } {
+        // SAFETY: as above.
+        return unsafe { post_list(wr, bad_wr, |w| w.next, one) };
     }
+    // A list: its WRs go to the engine in runs (one call, one pass, their packets in as
+    // few system calls as the doorbell allows), in the thread's reused buffers. An inline
+    // WR or a malformed one ends a run.
+    POSTS.with(|cell| {
+        let Ok(mut bufs) = cell.try_borrow_mut() else {
+            // Re-entered (a signal handler posting): one by one.
+            // SAFETY: as above.
+            return unsafe { post_list(wr, bad_wr, |w| w.next, one) };
+        };
+        let (run, from) = &mut *bufs;
+        run.clear();
+        from.clear();
+        let fail = |at: *mut ibv_send_wr, e: c_int| {
+            if !bad_wr.is_null() {
+                // SAFETY: by the contract, `bad_wr` is NULL or writable.
+                unsafe { *bad_wr = at };
+            }
+            e
+        };
+        let flush = |run: &mut Vec<SendWr>, from: &mut Vec<*mut ibv_send_wr>| -> c_int {
+            if run.is_empty() {
+                return 0;
+            }
+            let on_panic = Err((0, softrdma::Error::InvalidArgument("a panic inside softrdma")));
+            let r = crate::guard(on_panic, || q.rt.post_send_many(run.drain(..)));
+            run.clear();
+            let r = match r {
+                Ok(_) => 0,
+                Err((n, e)) => fail(from[n.min(from.len() - 1)], e.errno()),
+            };
+            from.clear();
+            r
+        };
+        let mut cur = wr;
+        while !cur.is_null() {
+            // SAFETY: by the contract.
+            let w = unsafe { &*cur };
+            match unsafe { send_wr(w, ud) } {
+                Some(sw) if !(sw.flags.inline && sends_data(&sw.op)) => {
+                    run.push(sw);
+                    from.push(cur);
+                    if run.len() == POST_RUN {
+                        let r = flush(run, from);
+                        if r != 0 {
+                            return r;
+                        }
+                    }
+                }
+                _ => {
+                    let r = flush(run, from);
+                    if r != 0 {
+                        return r;
+                    }
+                    let r = one(w);
+                    if r != 0 {
+                        return fail(cur, r);
+                    }
+                }
+            }
+            cur = w.next;
+        }
+        flush(run, from)
+    })
+}
+
+/// The most WRs of a list posted in one engine call.
+const POST_RUN: usize = 64;
+
+thread_local! {
+    /// A list's run of send WRs and the C requests they came from, reused from post to
+    /// post (no allocation once they have grown).
+    static POSTS: std::cell::RefCell<(Vec<SendWr>, Vec<*mut ibv_send_wr>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Posts a C receive list through `post`.

@@ -303,6 +303,84 @@ fn errors_are_answered_as_rdma_core_answers_them() {
 }
 
 #[test]
+fn a_list_of_wrs_is_posted_in_order_and_the_first_refused_is_named() {
+    unsafe {
+        let f = open();
+        let cap = ibv_qp_cap {
+            max_send_wr: 128,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 16,
+        };
+        let (a, b) = (rc_qp_with(&f, cap), rc_qp_with(&f, cap));
+        connect(&f, a, (*b).qp_num);
+        connect(&f, b, (*a).qp_num);
+        let mut src: Vec<u8> = (0..128).map(|k| k as u8 ^ 0x5A).collect();
+        let mut dst = vec![0u8; 128];
+        let mr_src = ibv_reg_mr(f.pd, src.as_mut_ptr().cast(), src.len(), 0x1);
+        let mr_dst = ibv_reg_mr(f.pd, dst.as_mut_ptr().cast(), dst.len(), 0x1 | 0x2);
+        // 100 one-byte WRITEs in one list (longer than a run of the library's batching),
+        // the 51st inline from the stack; only it and the last are signaled; every one in
+        // the order of the list.
+        let n = 100;
+        let inline_byte = [0xC3u8; 1];
+        let mut sges: Vec<ibv_sge> = (0..n)
+            .map(|k| ibv_sge { addr: src.as_ptr() as u64 + k as u64, length: 1, lkey: (*mr_src).lkey })
+            .collect();
+        sges[50] = ibv_sge { addr: inline_byte.as_ptr() as u64, length: 1, lkey: 0 };
+        let mut wrs: Vec<ibv_send_wr> =
+            (0..n).map(|k| send_wr(k as u64, &mut sges[k], IBV_WR_RDMA_WRITE)).collect();
+        for (k, w) in wrs.iter_mut().enumerate() {
+            w.wr.rdma = ibv_rdma { remote_addr: dst.as_ptr() as u64 + k as u64, rkey: (*mr_dst).rkey };
+            w.send_flags = if k == 50 || k == n - 1 { IBV_SEND_SIGNALED } else { 0 };
+        }
+        wrs[50].send_flags |= 8; // IBV_SEND_INLINE
+                                 // It overwrites the byte its predecessor wrote: it must land after it.
+        wrs[50].wr.rdma.remote_addr -= 1;
+        for k in (0..n - 1).rev() {
+            wrs[k].next = &mut wrs[k + 1];
+        }
+        let (r, bad) = post_send(a, &mut wrs[0]);
+        assert_eq!((r, bad), (0, ptr::null_mut()));
+        let wcs = poll(f.cq, 2);
+        assert_eq!([(wcs[0].wr_id, wcs[0].status), (wcs[1].wr_id, wcs[1].status)], [(50, 0), (99, 0)]);
+        let mut want = src[..n].to_vec();
+        (want[49], want[50]) = (0xC3, 0);
+        assert_eq!(&dst[..n], &want[..]);
+
+        // A list whose third WR has an unknown opcode: the first two are posted, the third
+        // is named in bad_wr, the fourth is not posted.
+        dst.fill(0);
+        let mut wrs: Vec<ibv_send_wr> =
+            (0..4).map(|k| send_wr(200 + k as u64, &mut sges[k], IBV_WR_RDMA_WRITE)).collect();
+        for (k, w) in wrs.iter_mut().enumerate() {
+            w.wr.rdma = ibv_rdma { remote_addr: dst.as_ptr() as u64 + k as u64, rkey: (*mr_dst).rkey };
+            w.send_flags = if k == 1 { IBV_SEND_SIGNALED } else { 0 };
+        }
+        wrs[2].opcode = 42;
+        for k in (0..3).rev() {
+            wrs[k].next = &mut wrs[k + 1];
+        }
+        let (r, bad) = post_send(a, &mut wrs[0]);
+        assert_eq!((r, bad), (libc::EINVAL, &mut wrs[2] as *mut ibv_send_wr));
+        let wc = poll(f.cq, 1)[0];
+        assert_eq!((wc.wr_id, wc.status), (201, 0));
+        // The fourth would have landed by the time the second's completion came (one QP,
+        // in order): it was not posted.
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(&dst[..4], &[src[0], src[1], 0, 0]);
+        let mut none = [ibv_wc::default(); 1];
+        assert_eq!((*f.ctx).ops.poll_cq.unwrap()(f.cq, 1, none.as_mut_ptr()), 0);
+        assert_eq!(ibv_destroy_qp(a), 0);
+        assert_eq!(ibv_destroy_qp(b), 0);
+        assert_eq!(ibv_dereg_mr(mr_src), 0);
+        assert_eq!(ibv_dereg_mr(mr_dst), 0);
+        ibv_close_device(f.ctx);
+    }
+}
+
+#[test]
 fn inline_sends_carry_the_bytes_of_unregistered_memory_as_they_were_at_post() {
     unsafe {
         let f = open();
