@@ -294,8 +294,14 @@ pub(crate) struct Engine {
     /// blocks): a napping progress thread reads from it whether the polling goes on.
     last_app_pass: AtomicU64,
     /// A CQ poll found completions (and so ran no pass, which stamps `last_app_pass`)
-    /// since the last post: the next post stamps `last_app_pass` with its own clock read.
+    /// since the thread last ran a pass or went to block: posts then stamp `last_app_post`.
     polled_full: AtomicBool,
+    /// When a post last found [`Engine::polled_full`] set (ns since the epoch; [`NEVER`]
+    /// before): a poller that keeps finding completions is at work, and its posts may
+    /// wait for company. Only for that: the progress thread's check that the poller is
+    /// still there reads `last_app_pass`, which only passes stamp, so that a program whose
+    /// polls always find something still has its arrivals received.
+    last_app_post: AtomicU64,
     /// When the last `post_send` returned (ns since the epoch), and how many work requests
     /// posts have left unsent since the last flush (see [`Engine::post_send`]).
     last_post: AtomicU64,
@@ -406,6 +412,7 @@ impl Engine {
             app_polls: AtomicU64::new(0),
             last_app_pass: AtomicU64::new(NEVER),
             polled_full: AtomicBool::new(false),
+            last_app_post: AtomicU64::new(NEVER),
             last_post: AtomicU64::new(0),
             deferred: AtomicU32::new(0),
             polled_nap: AtomicBool::new(false),
@@ -579,24 +586,23 @@ impl Engine {
             }
             n += 1;
         }
-        // A poller that finds completions runs no pass to stamp its liveness: its next
-        // post does, with the clock read it made anyway.
+        // A poller that finds completions runs no pass to stamp its liveness: its posts
+        // do, with the clock read they make anyway.
         if self.polled_full.load(Ordering::Relaxed) {
-            self.polled_full.store(false, Ordering::Relaxed);
-            self.last_app_pass.store(start, Ordering::SeqCst);
+            self.last_app_post.store(start, Ordering::SeqCst);
         }
-        let last_app = self.last_app_pass.load(Ordering::SeqCst);
+        let last_app = self.last_app_seen();
         let burst = start.saturating_sub(self.last_post.load(Ordering::Relaxed)) < ns(POST_BURST)
             && last_app != NEVER
             && start.saturating_sub(last_app) < ns(POLLER_GONE)
             && self.polled_nap.load(Ordering::SeqCst);
         let held = (self.deferred.load(Ordering::Relaxed) as usize).saturating_add(n);
-        // A thread that polled and is about to block clears its stamp, then looks for
-        // packets left behind; this looks at the stamp again after leaving them (both
+        // A thread that polled and is about to block clears its stamps, then looks for
+        // packets left behind; this looks at the stamps again after leaving them (all
         // SeqCst), so one of the two sees the other and sends them.
         let deferred = burst && small && failed.is_none() && held < DEFER_MAX as usize && {
             self.deferred.store(held as u32, Ordering::SeqCst);
-            self.last_app_pass.load(Ordering::SeqCst) != NEVER
+            self.last_app_seen() != NEVER
         };
         if !deferred {
             self.flush(&mut core);
@@ -1172,6 +1178,17 @@ impl Engine {
         self.try_send_deferred();
     }
 
+    /// When a polling application thread last showed it is at work: its last pass, or its
+    /// last post after polls that found completions; [`NEVER`] if neither since it last
+    /// went to block.
+    fn last_app_seen(&self) -> u64 {
+        match (self.last_app_pass.load(Ordering::SeqCst), self.last_app_post.load(Ordering::SeqCst)) {
+            (NEVER, post) => post,
+            (pass, NEVER) => pass,
+            (pass, post) => pass.max(post),
+        }
+    }
+
     /// Runs one pass if the engine is free, without counting as a busy poll.
     pub(crate) fn try_progress_quiet(&self) {
         if let Ok(mut core) = self.core.try_lock() {
@@ -1408,6 +1425,7 @@ impl Engine {
         self.app_polls.store(0, Ordering::Relaxed);
         self.polled_full.store(false, Ordering::Relaxed);
         self.last_app_pass.store(NEVER, Ordering::SeqCst);
+        self.last_app_post.store(NEVER, Ordering::SeqCst);
         self.send_deferred();
         if self.napping.load(Ordering::Acquire) {
             self.wake.signal();
@@ -1441,6 +1459,7 @@ impl Engine {
         self.app_polls.store(0, Ordering::Relaxed);
         self.polled_full.store(false, Ordering::Relaxed);
         self.last_app_pass.store(NEVER, Ordering::SeqCst);
+        self.last_app_post.store(NEVER, Ordering::SeqCst);
         self.send_deferred();
         self.app_watching.fetch_add(1, Ordering::SeqCst);
         WatchGuard(self)
@@ -1528,20 +1547,29 @@ impl Engine {
                 // the timers, so nap again without a pass of this thread's own (which
                 // would take the engine lock from the poller for a pass that finds
                 // nothing: on two cores that stalled one message in a hundred by ~20 us).
+                let mut pass_for_poller = false;
                 if !watched && link_quiet {
-                    let last = self.last_app_pass.load(Ordering::Relaxed);
-                    let recent = last != NEVER && ns(self.now()).saturating_sub(last) < ns(POLLER_GONE);
+                    let lately = |t: u64| t != NEVER && ns(self.now()).saturating_sub(t) < ns(POLLER_GONE);
+                    let recent = lately(self.last_app_pass.load(Ordering::Relaxed));
                     // A pass still running (a long one, receiving a burst) holds the lock.
                     let busy = matches!(self.core.try_lock(), Err(std::sync::TryLockError::WouldBlock));
-                    skip = polled.ended(recent || busy);
-                    if !skip {
-                        // Gone: the polls it made before it left must not buy another nap,
-                        // and posts it left unsent count as packets left behind.
-                        self.app_polls.store(0, Ordering::Relaxed);
-                        left_behind = self.deferred.load(Ordering::SeqCst) > 0;
+                    if !(recent || busy) && lately(self.last_app_post.load(Ordering::SeqCst)) {
+                        // A poller at work whose polls all find completions (a UD stream's)
+                        // runs no pass, so nothing receives for it: one pass here, and the
+                        // nap goes on as for a poller at work.
+                        polled.ended(true);
+                        pass_for_poller = true;
+                    } else {
+                        skip = polled.ended(recent || busy);
+                        if !skip {
+                            // Gone: the polls it made before it left must not buy another
+                            // nap, and posts it left unsent count as packets left behind.
+                            self.app_polls.store(0, Ordering::Relaxed);
+                            left_behind = self.deferred.load(Ordering::SeqCst) > 0;
+                        }
                     }
                 }
-                if !skip {
+                if !skip && !pass_for_poller {
                     // A pass comes next, and maybe no nap after it: posts send at once.
                     self.polled_nap.store(false, Ordering::SeqCst);
                 }

@@ -141,6 +141,82 @@ fn a_stream_whose_polls_find_completions_leaves_in_few_system_calls() {
 }
 
 #[test]
+fn a_poller_whose_polls_always_find_completions_still_receives() {
+    let _serial = serial();
+    // A UD QP posts a signaled send and polls its CQ for one completion, again and again,
+    // one completion always queued ahead: every poll finds one and runs no pass of its
+    // own. Datagrams sent to it must
+    // still be received: the progress thread must not take its posts for a poller at work
+    // on the link (no timing asserted; the loop's bound is 10 s. A build that did took 20 ms
+    // a datagram here, one of the progress thread's long sleeps, against under 1 ms).
+    let qkey = Qkey(0x3333_4444);
+    let ctx = |last: u8| Context::open_port(IpAddr::from([127, 0, 0, last]), 0).unwrap();
+    let (ca, cb) = (ctx(36), ctx(37));
+    let (pda, pdb) = (ca.alloc_pd(), cb.alloc_pd());
+    let (cqa, cqb) = (ca.create_cq(256, None).unwrap(), cb.create_cq(256, None).unwrap());
+    let (mra, mrb) =
+        (pda.register(64 * 64, Access::LOCAL_WRITE).unwrap(), pdb.register(64, Access::NONE).unwrap());
+    let ud = |pd: &softrdma::ProtectionDomain, cq| {
+        pd.prepare_qp(&QpBuilder::ud(qkey), cq, cq).unwrap().ready().unwrap()
+    };
+    let (qpa, qpb, sink) = (ud(&pda, &cqa), ud(&pdb, &cqb), ud(&pdb, &cqb));
+    let n = 16u64;
+    for k in 0..n {
+        qpa.post_recv(RecvWr {
+            wr_id: 1000 + k,
+            sg_list: softrdma::sgl![mra.sge(k as usize * 64, 64).unwrap()],
+        })
+        .unwrap();
+    }
+    let to_sink = pda.create_ah(&AhAttr::to_socket(cb.local_addr())).unwrap().dest(sink.qpn(), qkey);
+    let to_a = pdb.create_ah(&AhAttr::to_socket(ca.local_addr())).unwrap().dest(qpa.qpn(), qkey);
+    // One completion stays queued ahead of each poll: a send posted before the loop, whose
+    // completion each poll of one leaves in place of the one it takes.
+    let sg_list = softrdma::sgl![mra.sge(0, 8).unwrap()];
+    qpa.post_send(SendWr {
+        wr_id: u64::MAX,
+        op: SendOp::Send,
+        sg_list,
+        flags: signaled(),
+        ud: Some(to_sink),
+    })
+    .unwrap();
+    let start = Instant::now();
+    let (mut received, mut sent_b, mut id) = (0, 0, 0u64);
+    while received < n {
+        assert!(start.elapsed() < Duration::from_secs(10), "{received} of {n} datagrams received");
+        // The other side sends one datagram every few milliseconds (after the first 50,
+        // in which the progress thread comes to nap for the poller).
+        if start.elapsed() > Duration::from_millis(50 + 5 * sent_b) && sent_b < n {
+            let sg_list = softrdma::sgl![mrb.sge(0, 8).unwrap()];
+            qpb.post_send(SendWr {
+                wr_id: sent_b,
+                op: SendOp::Send,
+                sg_list,
+                flags: signaled(),
+                ud: Some(to_a),
+            })
+            .unwrap();
+            assert_eq!(wait(&cqb).status, WcStatus::Success);
+            sent_b += 1;
+        }
+        let sg_list = softrdma::sgl![mra.sge(0, 8).unwrap()];
+        qpa.post_send(SendWr { wr_id: id, op: SendOp::Send, sg_list, flags: signaled(), ud: Some(to_sink) })
+            .unwrap();
+        id += 1;
+        let mut wcs = [softrdma::EMPTY_WC; 1];
+        let got = cqa.poll(&mut wcs);
+        for wc in &wcs[..got] {
+            assert_eq!(wc.status, WcStatus::Success);
+            if wc.opcode == WcOpcode::Recv {
+                assert_eq!(wc.wr_id, 1000 + received);
+                received += 1;
+            }
+        }
+    }
+}
+
+#[test]
 fn a_burst_posted_before_the_poller_leaves_is_still_sent() {
     let _serial = serial();
     // The posting thread never polls again after its burst: the progress thread finds the
