@@ -591,9 +591,9 @@ pub(crate) unsafe extern "C" fn post_send(
     // A list: its WRs go to the engine in runs (one call, one pass, their packets in as
     // few system calls as the doorbell allows), in the thread's reused buffers. An inline
     // WR or a malformed one ends a run.
-    POSTS.with(|cell| {
+    let batched = POSTS.try_with(|cell| {
         let Ok(mut bufs) = cell.try_borrow_mut() else {
-            // Re-entered (a signal handler posting): one by one.
+            // Re-entered: one by one.
             // SAFETY: as above.
             return unsafe { post_list(wr, bad_wr, |w| w.next, one) };
         };
@@ -611,6 +611,8 @@ pub(crate) unsafe extern "C" fn post_send(
             if run.is_empty() {
                 return 0;
             }
+            // A panic inside softrdma (a bug) names the run's first WR, though some of the
+            // run may have been posted.
             let on_panic = Err((0, softrdma::Error::InvalidArgument("a panic inside softrdma")));
             let r = crate::guard(on_panic, || q.rt.post_send_many(run.drain(..)));
             run.clear();
@@ -650,7 +652,10 @@ pub(crate) unsafe extern "C" fn post_send(
             cur = w.next;
         }
         flush(run, from)
-    })
+    });
+    // The thread's buffers are gone (a post from a destructor at thread exit): one by one.
+    // SAFETY: as above.
+    batched.unwrap_or_else(|_| unsafe { post_list(wr, bad_wr, |w| w.next, one) })
 }
 
 /// The most WRs of a list posted in one engine call.

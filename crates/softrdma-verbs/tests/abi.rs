@@ -372,6 +372,31 @@ fn a_list_of_wrs_is_posted_in_order_and_the_first_refused_is_named() {
         assert_eq!(&dst[..4], &[src[0], src[1], 0, 0]);
         let mut none = [ibv_wc::default(); 1];
         assert_eq!((*f.ctx).ops.poll_cq.unwrap()(f.cq, 1, none.as_mut_ptr()), 0);
+
+        // A list of 80 whose 71st the engine refuses (two SGEs on a QP that takes one), in
+        // the list's second run: the first 70 are posted, the 71st is named, none after it.
+        dst.fill(0);
+        let mut sges: Vec<ibv_sge> = (0..81)
+            .map(|k| ibv_sge { addr: src.as_ptr() as u64 + k as u64, length: 1, lkey: (*mr_src).lkey })
+            .collect();
+        let mut wrs: Vec<ibv_send_wr> =
+            (0..80).map(|k| send_wr(300 + k as u64, &mut sges[k], IBV_WR_RDMA_WRITE)).collect();
+        for (k, w) in wrs.iter_mut().enumerate() {
+            w.wr.rdma = ibv_rdma { remote_addr: dst.as_ptr() as u64 + k as u64, rkey: (*mr_dst).rkey };
+            w.send_flags = if k == 69 { IBV_SEND_SIGNALED } else { 0 };
+        }
+        wrs[70].num_sge = 2;
+        for k in (0..79).rev() {
+            wrs[k].next = &mut wrs[k + 1];
+        }
+        let (r, bad) = post_send(a, &mut wrs[0]);
+        assert_eq!((r, bad), (libc::EINVAL, &mut wrs[70] as *mut ibv_send_wr));
+        let wc = poll(f.cq, 1)[0];
+        assert_eq!((wc.wr_id, wc.status), (369, 0));
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(&dst[..70], &src[..70]);
+        assert_eq!(&dst[70..80], &[0; 10]);
+        assert_eq!((*f.ctx).ops.poll_cq.unwrap()(f.cq, 1, none.as_mut_ptr()), 0);
         assert_eq!(ibv_destroy_qp(a), 0);
         assert_eq!(ibv_destroy_qp(b), 0);
         assert_eq!(ibv_dereg_mr(mr_src), 0);

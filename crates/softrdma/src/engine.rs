@@ -86,7 +86,8 @@ const SMALL_WR: u64 = 4096;
 /// shared by two busy-polling processes each check preempts a poller for several
 /// microseconds: at 1 ms naps the checks alone made the slowest 1 % of a ping-pong's
 /// messages (`perf send_lat --local`: 99 % 19–23 µs, 8 µs with 8 ms naps). The first
-/// stall after a clean run costs at most `MAX_EARNED` and drops the nap back under `MAX`.
+/// stall after a clean run costs at most `MAX_EARNED` (and the 100 µs in which a poller
+/// that just ran a pass counts as still there) and drops the nap back to `MAX` at most.
 #[derive(Debug)]
 struct PolledNap {
     nap: Duration,
@@ -294,7 +295,8 @@ pub(crate) struct Engine {
     /// blocks): a napping progress thread reads from it whether the polling goes on.
     last_app_pass: AtomicU64,
     /// A CQ poll found completions (and so ran no pass, which stamps `last_app_pass`)
-    /// since the thread last ran a pass or went to block: posts then stamp `last_app_post`.
+    /// since the last pass of a polling thread, the progress thread's last look at the end
+    /// of a nap, or a thread going to block: posts then stamp `last_app_post`.
     polled_full: AtomicBool,
     /// When a post last found [`Engine::polled_full`] set (ns since the epoch; [`NEVER`]
     /// before): a poller that keeps finding completions is at work, and its posts may
@@ -588,8 +590,13 @@ impl Engine {
         }
         // A poller that finds completions runs no pass to stamp its liveness: its posts
         // do, with the clock read they make anyway.
-        if self.polled_full.load(Ordering::Relaxed) {
+        if self.polled_full.load(Ordering::SeqCst) {
             self.last_app_post.store(start, Ordering::SeqCst);
+            // A thread going to block clears the flag, then the stamps: if it cleared the
+            // flag meanwhile, its clearing of the stamp may have come before ours.
+            if !self.polled_full.load(Ordering::SeqCst) {
+                self.last_app_post.store(NEVER, Ordering::SeqCst);
+            }
         }
         let last_app = self.last_app_seen();
         let burst = start.saturating_sub(self.last_post.load(Ordering::Relaxed)) < ns(POST_BURST)
@@ -1239,6 +1246,9 @@ impl Engine {
         let now = if received { self.now() } else { now };
         if polled {
             self.last_app_pass.store(ns(now), Ordering::Relaxed);
+            if self.polled_full.load(Ordering::Relaxed) {
+                self.polled_full.store(false, Ordering::Relaxed);
+            }
         }
         self.flush_at(core, now);
         received
@@ -1423,7 +1433,7 @@ impl Engine {
     /// thread must watch the link again, at once.
     pub(crate) fn app_blocking(&self) {
         self.app_polls.store(0, Ordering::Relaxed);
-        self.polled_full.store(false, Ordering::Relaxed);
+        self.polled_full.store(false, Ordering::SeqCst);
         self.last_app_pass.store(NEVER, Ordering::SeqCst);
         self.last_app_post.store(NEVER, Ordering::SeqCst);
         self.send_deferred();
@@ -1457,7 +1467,7 @@ impl Engine {
     /// An application thread starts watching the link while it waits for an event.
     pub(crate) fn app_watch_begin(&self) -> WatchGuard<'_> {
         self.app_polls.store(0, Ordering::Relaxed);
-        self.polled_full.store(false, Ordering::Relaxed);
+        self.polled_full.store(false, Ordering::SeqCst);
         self.last_app_pass.store(NEVER, Ordering::SeqCst);
         self.last_app_post.store(NEVER, Ordering::SeqCst);
         self.send_deferred();
@@ -1547,18 +1557,19 @@ impl Engine {
                 // the timers, so nap again without a pass of this thread's own (which
                 // would take the engine lock from the poller for a pass that finds
                 // nothing: on two cores that stalled one message in a hundred by ~20 us).
-                let mut pass_for_poller = false;
                 if !watched && link_quiet {
                     let lately = |t: u64| t != NEVER && ns(self.now()).saturating_sub(t) < ns(POLLER_GONE);
                     let recent = lately(self.last_app_pass.load(Ordering::Relaxed));
                     // A pass still running (a long one, receiving a burst) holds the lock.
                     let busy = matches!(self.core.try_lock(), Err(std::sync::TryLockError::WouldBlock));
-                    if !(recent || busy) && lately(self.last_app_post.load(Ordering::SeqCst)) {
-                        // A poller at work whose polls all find completions (a UD stream's)
-                        // runs no pass, so nothing receives for it: one pass here, and the
-                        // nap goes on as for a poller at work.
-                        polled.ended(true);
-                        pass_for_poller = true;
+                    let full_polls = self.polled_full.swap(false, Ordering::SeqCst);
+                    if !(recent || busy) && full_polls && lately(self.last_app_post.load(Ordering::SeqCst)) {
+                        // A poller at work whose polls all found completions since the last
+                        // look (a UD stream's) runs no pass, so nothing receives for it: a
+                        // pass here, and the polled naps go on; if the pass received
+                        // anything, the nap halves as for a poller gone, so that its
+                        // arrivals are received every nap at most.
+                        polled.ended(false);
                     } else {
                         skip = polled.ended(recent || busy);
                         if !skip {
@@ -1569,7 +1580,7 @@ impl Engine {
                         }
                     }
                 }
-                if !skip && !pass_for_poller {
+                if !skip {
                     // A pass comes next, and maybe no nap after it: posts send at once.
                     self.polled_nap.store(false, Ordering::SeqCst);
                 }

@@ -146,9 +146,9 @@ fn a_poller_whose_polls_always_find_completions_still_receives() {
     // A UD QP posts a signaled send and polls its CQ for one completion, again and again,
     // one completion always queued ahead: every poll finds one and runs no pass of its
     // own. Datagrams sent to it must
-    // still be received: the progress thread must not take its posts for a poller at work
-    // on the link (no timing asserted; the loop's bound is 10 s. A build that did took 20 ms
-    // a datagram here, one of the progress thread's long sleeps, against under 1 ms).
+    // still be received: the progress thread, which naps for such a poller, runs a pass
+    // for it at the end of each nap. A liveness test: it fails only if the datagrams are
+    // never received (the loop's bound is 10 s; no timing asserted).
     let qkey = Qkey(0x3333_4444);
     let ctx = |last: u8| Context::open_port(IpAddr::from([127, 0, 0, last]), 0).unwrap();
     let (ca, cb) = (ctx(36), ctx(37));
