@@ -611,11 +611,16 @@ impl Engine {
             self.deferred.store(held as u32, Ordering::SeqCst);
             self.last_app_seen() != NEVER
         };
-        if !deferred {
+        let wake = !deferred && {
             self.flush(&mut core);
-            self.nudge(&mut core);
-        }
+            self.nudge_later(&mut core)
+        };
         drop(core);
+        // Signalled once the lock is free: a progress thread woken under it would only
+        // block on the lock, and the unlock would have to wake it a second time.
+        if wake {
+            self.wake.signal();
+        }
         self.last_post.store(ns(self.now()), Ordering::Relaxed);
         match failed {
             None => Ok(n),
@@ -1416,12 +1421,17 @@ impl Engine {
     /// Wakes the progress thread if the protocol now wants attention earlier than it
     /// planned to wake up.
     fn nudge(&self, core: &mut Core) {
-        let Some(deadline) = core.endpoint.poll_timeout() else { return };
-        // Lowered first: a progress thread that wakes and finds the link watched plans its
-        // next nap from it without a pass (see `run`).
-        if ns(deadline) < self.sleeping_until.fetch_min(ns(deadline), Ordering::AcqRel) {
+        if self.nudge_later(core) {
             self.wake.signal();
         }
+    }
+
+    /// [`Self::nudge`], leaving the signal to the caller: whether it must wake the thread.
+    fn nudge_later(&self, core: &mut Core) -> bool {
+        let Some(deadline) = core.endpoint.poll_timeout() else { return false };
+        // Lowered first: a progress thread that wakes and finds the link watched plans its
+        // next nap from it without a pass (see `run`).
+        ns(deadline) < self.sleeping_until.fetch_min(ns(deadline), Ordering::AcqRel)
     }
 
     /// The link's file descriptors, for threads that wait for arrivals themselves.
@@ -1446,9 +1456,14 @@ impl Engine {
     /// to block instead).
     pub(crate) fn send_deferred(&self) {
         if self.deferred.load(Ordering::SeqCst) > 0 {
-            let mut core = self.lock();
-            self.flush(&mut core);
-            self.nudge(&mut core);
+            let wake = {
+                let mut core = self.lock();
+                self.flush(&mut core);
+                self.nudge_later(&mut core)
+            };
+            if wake {
+                self.wake.signal();
+            }
         }
     }
 
@@ -1459,7 +1474,11 @@ impl Engine {
         if self.deferred.load(Ordering::SeqCst) > 0 {
             if let Ok(mut core) = self.core.try_lock() {
                 self.flush(&mut core);
-                self.nudge(&mut core);
+                let wake = self.nudge_later(&mut core);
+                drop(core);
+                if wake {
+                    self.wake.signal();
+                }
             }
         }
     }
