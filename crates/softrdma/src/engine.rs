@@ -1550,7 +1550,7 @@ impl Engine {
                 // stay off it, waking for timers while watched, after a `PolledNap` while
                 // polled (to notice the polling stop), or when the last watcher leaves. A
                 // polling thread runs the timers too (each of its passes does), so that nap
-                // need not end at the next one: a delayed ACK's 20 us would otherwise wake
+                // need not end at the next one: a delayed ACK's 100 us would otherwise wake
                 // this thread for every message and make it fight the poller.
                 let nap = if watched { MAX_SLEEP.min(timeout.unwrap_or(Duration::MAX)) } else { polled.nap };
                 self.sleeping_until.fetch_min(now + ns(nap), Ordering::AcqRel);

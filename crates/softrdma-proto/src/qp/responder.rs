@@ -102,7 +102,7 @@ pub(super) struct Responder {
 
 /// How long a positive ACK may wait for the QP's next request, so that both leave in one
 /// system call (in a ping-pong, the pong carries the ping's ACK along).
-pub(super) const ACK_DELAY: Duration = Duration::from_micros(20);
+pub(super) const ACK_DELAY: Duration = Duration::from_micros(100);
 /// A QP that sent a request this recently talks back: its ACKs may wait for its next one.
 pub(super) const TALKS_BACK: Duration = Duration::from_millis(1);
 /// An ACK that would acknowledge this many PSNs more than the last one goes at once, so
