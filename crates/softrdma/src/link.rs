@@ -262,8 +262,11 @@ fn bind_group(group: IpAddr, device: SocketAddr, ifindex: u32) -> Result<UdpSock
 /// The receive buffer a device socket asks for: what arrives while no thread drains the
 /// socket (a descheduled poller) waits here, and what does not fit is lost. UD has no
 /// retransmission, so a burst that overflows it is gone for good: 2,000 datagrams of 4 KiB
-/// (perftest's `ib_send_bw -c UD`) take about 16 MiB of kernel memory on loopback.
-const RECV_BUFFER: usize = 32 << 20;
+/// (perftest's `ib_send_bw -c UD`) take about 16 MiB of kernel memory on loopback, and a
+/// UD sender outruns its receiver on the same cores (the receiver copies each datagram
+/// twice and checks its ICRC): `ib_send_bw -c UD -n 20000` overflowed 32 MiB in 4 runs of
+/// 12, 64 MiB in none of 12 (nor `-n 200000` in 4).
+const RECV_BUFFER: usize = 64 << 20;
 
 /// Gives a socket [`RECV_BUFFER`]: beyond `net.core.rmem_max` where the process may
 /// (`SO_RCVBUFFORCE`, with CAP_NET_ADMIN), else as much as `rmem_max` allows (the kernel
