@@ -11,7 +11,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DUR=${DUR:-3}
-ITERS=${ITERS:-20000}
+ITERS=${ITERS:-100000}
 
 cargo build --release -q -p softrdma-cli -p udp-probe || { echo "build failed"; exit 1; }
 SR=target/release/softrdma
