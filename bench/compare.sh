@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # softrdma against its baselines, side by side, in one run on this machine.
 #
-#   bench/compare.sh            # about two minutes; needs root only to install baselines
+#   bench/compare.sh            # about three minutes; needs root only to install baselines
 #
 # Prints a markdown table of softrdma's figures, the baselines' and their ratios, then a
 # last line with the verdict against the targets: `targets met`, or `targets missed: ...`
