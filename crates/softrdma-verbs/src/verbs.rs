@@ -568,8 +568,8 @@ pub(crate) unsafe extern "C" fn post_send(
     // SAFETY: a live QP.
     let q = unsafe { qp_of(qp) };
     let ud = q.ibv.qp_type == IBV_QPT_UD;
-    // SAFETY (both calls of `send_wr`): each request comes from the caller's valid list.
-    let one = |w: &ibv_send_wr| match unsafe { send_wr(w, ud) } {
+    // Posts one request, converted (None: malformed).
+    let one = |sw: Option<SendWr>| match sw {
         None => libc::EINVAL,
         Some(sw) if sw.flags.inline && sends_data(&sw.op) => {
             // The SGEs' lkeys do not matter for inline data (verbs' rule).
@@ -583,10 +583,12 @@ pub(crate) unsafe extern "C" fn post_send(
         }
         Some(sw) => errno_of(guard_rt(|| q.rt.post_send(sw))),
     };
-    // SAFETY: the caller's list of valid work requests (sg_list and AH included).
+    // SAFETY (every `send_wr` below): each request comes from the caller's valid list,
+    // sg_list and AH included.
+    let one_by_one = || unsafe { post_list(wr, bad_wr, |w| w.next, |w| one(send_wr(w, ud))) };
+    // SAFETY: as above.
     if wr.is_null() || unsafe { (*wr).next.is_null() } {
-        // SAFETY: as above.
-        return unsafe { post_list(wr, bad_wr, |w| w.next, one) };
+        return one_by_one();
     }
     // A list: its WRs go to the engine in runs (one call, one pass, their packets in as
     // few system calls as the doorbell allows), in the thread's reused buffers. An inline
@@ -594,8 +596,7 @@ pub(crate) unsafe extern "C" fn post_send(
     let batched = POSTS.try_with(|cell| {
         let Ok(mut bufs) = cell.try_borrow_mut() else {
             // Re-entered: one by one.
-            // SAFETY: as above.
-            return unsafe { post_list(wr, bad_wr, |w| w.next, one) };
+            return one_by_one();
         };
         let (run, from) = &mut *bufs;
         run.clear();
@@ -615,7 +616,6 @@ pub(crate) unsafe extern "C" fn post_send(
             // run may have been posted.
             let on_panic = Err((0, softrdma::Error::InvalidArgument("a panic inside softrdma")));
             let r = crate::guard(on_panic, || q.rt.post_send_many(run.drain(..)));
-            run.clear();
             let r = match r {
                 Ok(_) => 0,
                 Err((n, e)) => fail(from[n.min(from.len() - 1)], e.errno()),
@@ -627,6 +627,7 @@ pub(crate) unsafe extern "C" fn post_send(
         while !cur.is_null() {
             // SAFETY: by the contract.
             let w = unsafe { &*cur };
+            // SAFETY: as above.
             match unsafe { send_wr(w, ud) } {
                 Some(sw) if !(sw.flags.inline && sends_data(&sw.op)) => {
                     run.push(sw);
@@ -638,12 +639,12 @@ pub(crate) unsafe extern "C" fn post_send(
                         }
                     }
                 }
-                _ => {
+                other => {
                     let r = flush(run, from);
                     if r != 0 {
                         return r;
                     }
-                    let r = one(w);
+                    let r = one(other);
                     if r != 0 {
                         return fail(cur, r);
                     }
@@ -654,8 +655,7 @@ pub(crate) unsafe extern "C" fn post_send(
         flush(run, from)
     });
     // The thread's buffers are gone (a post from a destructor at thread exit): one by one.
-    // SAFETY: as above.
-    batched.unwrap_or_else(|_| unsafe { post_list(wr, bad_wr, |w| w.next, one) })
+    batched.unwrap_or_else(|_| one_by_one())
 }
 
 /// The most WRs of a list posted in one engine call.

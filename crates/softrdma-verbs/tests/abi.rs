@@ -302,6 +302,36 @@ fn errors_are_answered_as_rdma_core_answers_them() {
     }
 }
 
+/// One SGE for each of the first `n` bytes of `src`.
+fn byte_sges(src: &[u8], lkey: u32, n: usize) -> Vec<ibv_sge> {
+    (0..n).map(|k| ibv_sge { addr: src.as_ptr() as u64 + k as u64, length: 1, lkey }).collect()
+}
+
+/// A linked list of `n` one-byte RDMA WRITEs, the `k`th (wr_id `first_id + k`) from
+/// `sges[k]` to `dst[k]`; those in `signaled` signaled. The list points into `sges` and
+/// into its own buffer, which moving the Vec does not move.
+fn byte_writes(
+    first_id: u64,
+    sges: &mut [ibv_sge],
+    n: usize,
+    dst: &[u8],
+    rkey: u32,
+    signaled: &[usize],
+) -> Vec<ibv_send_wr> {
+    let mut wrs: Vec<ibv_send_wr> = (0..n)
+        .map(|k| {
+            let mut w = send_wr(first_id + k as u64, &mut sges[k], IBV_WR_RDMA_WRITE);
+            w.wr.rdma = ibv_rdma { remote_addr: dst.as_ptr() as u64 + k as u64, rkey };
+            w.send_flags = if signaled.contains(&k) { IBV_SEND_SIGNALED } else { 0 };
+            w
+        })
+        .collect();
+    for k in (0..n - 1).rev() {
+        wrs[k].next = &mut wrs[k + 1];
+    }
+    wrs
+}
+
 #[test]
 fn a_list_of_wrs_is_posted_in_order_and_the_first_refused_is_named() {
     unsafe {
@@ -325,22 +355,12 @@ fn a_list_of_wrs_is_posted_in_order_and_the_first_refused_is_named() {
         // the order of the list.
         let n = 100;
         let inline_byte = [0xC3u8; 1];
-        let mut sges: Vec<ibv_sge> = (0..n)
-            .map(|k| ibv_sge { addr: src.as_ptr() as u64 + k as u64, length: 1, lkey: (*mr_src).lkey })
-            .collect();
+        let mut sges = byte_sges(&src, (*mr_src).lkey, n);
         sges[50] = ibv_sge { addr: inline_byte.as_ptr() as u64, length: 1, lkey: 0 };
-        let mut wrs: Vec<ibv_send_wr> =
-            (0..n).map(|k| send_wr(k as u64, &mut sges[k], IBV_WR_RDMA_WRITE)).collect();
-        for (k, w) in wrs.iter_mut().enumerate() {
-            w.wr.rdma = ibv_rdma { remote_addr: dst.as_ptr() as u64 + k as u64, rkey: (*mr_dst).rkey };
-            w.send_flags = if k == 50 || k == n - 1 { IBV_SEND_SIGNALED } else { 0 };
-        }
+        let mut wrs = byte_writes(0, &mut sges, n, &dst, (*mr_dst).rkey, &[50, n - 1]);
         wrs[50].send_flags |= 8; // IBV_SEND_INLINE
                                  // It overwrites the byte its predecessor wrote: it must land after it.
         wrs[50].wr.rdma.remote_addr -= 1;
-        for k in (0..n - 1).rev() {
-            wrs[k].next = &mut wrs[k + 1];
-        }
         let (r, bad) = post_send(a, &mut wrs[0]);
         assert_eq!((r, bad), (0, ptr::null_mut()));
         let wcs = poll(f.cq, 2);
@@ -352,16 +372,8 @@ fn a_list_of_wrs_is_posted_in_order_and_the_first_refused_is_named() {
         // A list whose third WR has an unknown opcode: the first two are posted, the third
         // is named in bad_wr, the fourth is not posted.
         dst.fill(0);
-        let mut wrs: Vec<ibv_send_wr> =
-            (0..4).map(|k| send_wr(200 + k as u64, &mut sges[k], IBV_WR_RDMA_WRITE)).collect();
-        for (k, w) in wrs.iter_mut().enumerate() {
-            w.wr.rdma = ibv_rdma { remote_addr: dst.as_ptr() as u64 + k as u64, rkey: (*mr_dst).rkey };
-            w.send_flags = if k == 1 { IBV_SEND_SIGNALED } else { 0 };
-        }
+        let mut wrs = byte_writes(200, &mut sges, 4, &dst, (*mr_dst).rkey, &[1]);
         wrs[2].opcode = 42;
-        for k in (0..3).rev() {
-            wrs[k].next = &mut wrs[k + 1];
-        }
         let (r, bad) = post_send(a, &mut wrs[0]);
         assert_eq!((r, bad), (libc::EINVAL, &mut wrs[2] as *mut ibv_send_wr));
         let wc = poll(f.cq, 1)[0];
@@ -376,19 +388,9 @@ fn a_list_of_wrs_is_posted_in_order_and_the_first_refused_is_named() {
         // A list of 80 whose 71st the engine refuses (two SGEs on a QP that takes one), in
         // the list's second run: the first 70 are posted, the 71st is named, none after it.
         dst.fill(0);
-        let mut sges: Vec<ibv_sge> = (0..81)
-            .map(|k| ibv_sge { addr: src.as_ptr() as u64 + k as u64, length: 1, lkey: (*mr_src).lkey })
-            .collect();
-        let mut wrs: Vec<ibv_send_wr> =
-            (0..80).map(|k| send_wr(300 + k as u64, &mut sges[k], IBV_WR_RDMA_WRITE)).collect();
-        for (k, w) in wrs.iter_mut().enumerate() {
-            w.wr.rdma = ibv_rdma { remote_addr: dst.as_ptr() as u64 + k as u64, rkey: (*mr_dst).rkey };
-            w.send_flags = if k == 69 { IBV_SEND_SIGNALED } else { 0 };
-        }
+        let mut sges = byte_sges(&src, (*mr_src).lkey, 81);
+        let mut wrs = byte_writes(300, &mut sges, 80, &dst, (*mr_dst).rkey, &[69]);
         wrs[70].num_sge = 2;
-        for k in (0..79).rev() {
-            wrs[k].next = &mut wrs[k + 1];
-        }
         let (r, bad) = post_send(a, &mut wrs[0]);
         assert_eq!((r, bad), (libc::EINVAL, &mut wrs[70] as *mut ibv_send_wr));
         let wc = poll(f.cq, 1)[0];

@@ -78,10 +78,10 @@ const SMALL_WR: u64 = 4096;
 /// a program may poll its CQ, then stop and spin on memory for a WRITE that only a pass
 /// can place (perftest's `ib_write_lat` does, after every completion): the WRITE then
 /// waits for the nap's end. So the nap halves (down to `MIN`) each time it ended with
-/// the poller gone and packets waiting, and doubles again (up to `MAX`) after `CLEAN`
-/// naps that found the poller at work with no such stall between them. A check that wakes the progress thread
-/// takes a core from the pollers on a small machine, so the nap is long unless the
-/// program shows that it needs short ones; and a poller that never left anything behind
+/// the poller gone and packets waiting, and doubles again (up to `MAX`) after each `CLEAN`
+/// naps that found the poller at work with no such stall between them. A check that
+/// wakes the progress thread takes a core from the pollers on a small machine, so the nap
+/// is long unless the program shows that it needs short ones; and a poller that never left anything behind
 /// for `EARN` naps in a row earns longer ones still, up to `MAX_EARNED`. On two cores
 /// shared by two busy-polling processes each check preempts a poller for several
 /// microseconds: at 1 ms naps the checks alone made the slowest 1 % of a ping-pong's
@@ -91,7 +91,6 @@ const SMALL_WR: u64 = 4096;
 #[derive(Debug)]
 struct PolledNap {
     nap: Duration,
-    clean: u32,
     /// Clean naps since the last stall.
     earned: u32,
     /// The last nap found the poller gone: the pass that follows tells whether it had
@@ -107,7 +106,7 @@ impl PolledNap {
     const MAX_EARNED: Duration = Duration::from_millis(4);
 
     fn new() -> PolledNap {
-        PolledNap { nap: Self::MAX, clean: 0, earned: 0, found_gone: false }
+        PolledNap { nap: Self::MAX, earned: 0, found_gone: false }
     }
 
     /// A nap ended; `polling`: the poller ran a pass lately or runs one now. Returns
@@ -115,10 +114,8 @@ impl PolledNap {
     fn ended(&mut self, polling: bool) -> bool {
         self.found_gone = !polling;
         if polling {
-            self.clean += 1;
             self.earned = self.earned.saturating_add(1);
-            if self.clean >= Self::CLEAN {
-                self.clean = 0;
+            if self.earned % Self::CLEAN == 0 {
                 let cap = if self.earned >= Self::EARN { Self::MAX_EARNED } else { Self::MAX };
                 self.nap = (self.nap * 2).min(cap);
             }
@@ -130,7 +127,6 @@ impl PolledNap {
     fn passed(&mut self, received: bool) {
         if std::mem::take(&mut self.found_gone) && received {
             self.nap = (self.nap / 2).clamp(Self::MIN, Self::MAX);
-            self.clean = 0;
             self.earned = 0;
         }
     }
@@ -611,15 +607,10 @@ impl Engine {
             self.deferred.store(held as u32, Ordering::SeqCst);
             self.last_app_seen() != NEVER
         };
-        let wake = !deferred && {
-            self.flush(&mut core);
-            self.nudge_later(&mut core)
-        };
-        drop(core);
-        // Signalled once the lock is free: a progress thread woken under it would only
-        // block on the lock, and the unlock would have to wake it a second time.
-        if wake {
-            self.wake.signal();
+        if deferred {
+            drop(core);
+        } else {
+            self.flush_and_wake(core);
         }
         self.last_post.store(ns(self.now()), Ordering::Relaxed);
         match failed {
@@ -1426,12 +1417,50 @@ impl Engine {
         }
     }
 
+    /// Sends what is ready and releases the engine, then nudges the progress thread:
+    /// signalled once the lock is free, since a thread woken under it would only block on
+    /// the lock, and the unlock would have to wake it a second time.
+    fn flush_and_wake(&self, mut core: MutexGuard<'_, Core>) {
+        self.flush(&mut core);
+        let wake = self.nudge_later(&mut core);
+        drop(core);
+        if wake {
+            self.wake.signal();
+        }
+    }
+
     /// [`Self::nudge`], leaving the signal to the caller: whether it must wake the thread.
     fn nudge_later(&self, core: &mut Core) -> bool {
         let Some(deadline) = core.endpoint.poll_timeout() else { return false };
         // Lowered first: a progress thread that wakes and finds the link watched plans its
         // next nap from it without a pass (see `run`).
         ns(deadline) < self.sleeping_until.fetch_min(ns(deadline), Ordering::AcqRel)
+    }
+
+    /// At the end of a polled nap: whether the poller is still at work, its passes
+    /// running the link and the timers, so that the progress thread naps again without a
+    /// pass of its own. A poller found gone stops buying naps with the polls it made, and
+    /// the posts it left unsent count as packets left behind (`left_behind`).
+    fn poller_at_work(&self, polled: &mut PolledNap, left_behind: &mut bool) -> bool {
+        let lately = |t: u64| t != NEVER && ns(self.now()).saturating_sub(t) < ns(POLLER_GONE);
+        let recent = lately(self.last_app_pass.load(Ordering::Relaxed));
+        // A pass still running (a long one, receiving a burst) holds the lock.
+        let busy = matches!(self.core.try_lock(), Err(std::sync::TryLockError::WouldBlock));
+        let full_polls = self.polled_full.swap(false, Ordering::SeqCst);
+        if !(recent || busy) && full_polls && lately(self.last_app_post.load(Ordering::SeqCst)) {
+            // A poller at work whose polls all found completions since the last look (a UD
+            // stream's) runs no pass, so nothing receives for it: a pass here, and the
+            // polled naps go on; if the pass received anything, the nap halves as for a
+            // poller gone, so that its arrivals are received every nap at most.
+            polled.ended(false);
+            return false;
+        }
+        let at_work = polled.ended(recent || busy);
+        if !at_work {
+            self.app_polls.store(0, Ordering::Relaxed);
+            *left_behind = self.deferred.load(Ordering::SeqCst) > 0;
+        }
+        at_work
     }
 
     /// The link's file descriptors, for threads that wait for arrivals themselves.
@@ -1456,14 +1485,7 @@ impl Engine {
     /// to block instead).
     pub(crate) fn send_deferred(&self) {
         if self.deferred.load(Ordering::SeqCst) > 0 {
-            let wake = {
-                let mut core = self.lock();
-                self.flush(&mut core);
-                self.nudge_later(&mut core)
-            };
-            if wake {
-                self.wake.signal();
-            }
+            self.flush_and_wake(self.lock());
         }
     }
 
@@ -1472,13 +1494,8 @@ impl Engine {
     /// thread holds it (a waker woken by a completion pushed under the lock).
     pub(crate) fn try_send_deferred(&self) {
         if self.deferred.load(Ordering::SeqCst) > 0 {
-            if let Ok(mut core) = self.core.try_lock() {
-                self.flush(&mut core);
-                let wake = self.nudge_later(&mut core);
-                drop(core);
-                if wake {
-                    self.wake.signal();
-                }
+            if let Ok(core) = self.core.try_lock() {
+                self.flush_and_wake(core);
             }
         }
     }
@@ -1577,27 +1594,7 @@ impl Engine {
                 // would take the engine lock from the poller for a pass that finds
                 // nothing: on two cores that stalled one message in a hundred by ~20 us).
                 if !watched && link_quiet {
-                    let lately = |t: u64| t != NEVER && ns(self.now()).saturating_sub(t) < ns(POLLER_GONE);
-                    let recent = lately(self.last_app_pass.load(Ordering::Relaxed));
-                    // A pass still running (a long one, receiving a burst) holds the lock.
-                    let busy = matches!(self.core.try_lock(), Err(std::sync::TryLockError::WouldBlock));
-                    let full_polls = self.polled_full.swap(false, Ordering::SeqCst);
-                    if !(recent || busy) && full_polls && lately(self.last_app_post.load(Ordering::SeqCst)) {
-                        // A poller at work whose polls all found completions since the last
-                        // look (a UD stream's) runs no pass, so nothing receives for it: a
-                        // pass here, and the polled naps go on; if the pass received
-                        // anything, the nap halves as for a poller gone, so that its
-                        // arrivals are received every nap at most.
-                        polled.ended(false);
-                    } else {
-                        skip = polled.ended(recent || busy);
-                        if !skip {
-                            // Gone: the polls it made before it left must not buy another
-                            // nap, and posts it left unsent count as packets left behind.
-                            self.app_polls.store(0, Ordering::Relaxed);
-                            left_behind = self.deferred.load(Ordering::SeqCst) > 0;
-                        }
-                    }
+                    skip = self.poller_at_work(&mut polled, &mut left_behind);
                 }
                 if !skip {
                     // A pass comes next, and maybe no nap after it: posts send at once.

@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use softrdma::{
-    Access, AhAttr, ConnectOptions, Context, Qkey, QpBuilder, RecvWr, SendFlags, SendOp, SendWr, WcOpcode,
-    WcStatus,
+    Access, AhAttr, CompletionQueue, ConnectOptions, Context, MemoryRegion, ProtectionDomain, Qkey,
+    QpBuilder, QueuePair, RecvWr, SendFlags, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
 };
 
 mod two_sides;
@@ -20,6 +20,35 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One end of the UD tests: a device on 127.0.0.`last`, a CQ of `cqe` entries and a
+/// region of `len` bytes granting `access`.
+struct UdEnd {
+    ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    mr: MemoryRegion,
+}
+
+impl UdEnd {
+    fn new(last: u8, cqe: usize, len: usize, access: Access) -> UdEnd {
+        let ctx = two_sides::ctx(last);
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(cqe, None).unwrap();
+        let mr = pd.register(len, access).unwrap();
+        UdEnd { ctx, pd, cq, mr }
+    }
+
+    /// A UD QP with `qkey` on the end's CQ, ready to send.
+    fn qp(&self, qkey: Qkey) -> QueuePair {
+        self.pd.prepare_qp(&QpBuilder::ud(qkey), &self.cq, &self.cq).unwrap().ready().unwrap()
+    }
+
+    /// The destination of a send from this end to `qp` at `peer`.
+    fn to(&self, peer: &UdEnd, qp: &QueuePair, qkey: Qkey) -> UdDest {
+        self.pd.create_ah(&AhAttr::to_socket(peer.ctx.local_addr())).unwrap().dest(qp.qpn(), qkey)
+    }
 }
 
 /// Posts `n` 8-byte SENDs from `a` to `b`, one call each, back to back, from a thread that
@@ -75,20 +104,14 @@ fn a_stream_whose_polls_find_completions_leaves_in_few_system_calls() {
     // posts must still wait for company once the stream has gone on a while (before, every
     // one went alone: 512 calls for 512 posts). Every datagram arrives, in order.
     let qkey = Qkey(0x1111_2222);
-    let ctx = |last: u8| Context::open_port(IpAddr::from([127, 0, 0, last]), 0).unwrap();
-    let (ca, cb) = (ctx(34), ctx(35));
-    let (pda, pdb) = (ca.alloc_pd(), cb.alloc_pd());
-    let (cqa, cqb) = (ca.create_cq(256, None).unwrap(), cb.create_cq(1024, None).unwrap());
-    let (mra, mrb) =
-        (pda.register(64, Access::NONE).unwrap(), pdb.register(64 * 1024, Access::LOCAL_WRITE).unwrap());
-    let ud = |pd: &softrdma::ProtectionDomain, cq| {
-        pd.prepare_qp(&QpBuilder::ud(qkey), cq, cq).unwrap().ready().unwrap()
-    };
-    let qpa = ud(&pda, &cqa);
+    let (a, b) =
+        (UdEnd::new(34, 256, 64, Access::NONE), UdEnd::new(35, 1024, 64 * 1024, Access::LOCAL_WRITE));
+    let (ca, cqa, mra, cqb, mrb) = (&a.ctx, &a.cq, &a.mr, &b.cq, &b.mr);
+    let qpa = a.qp(qkey);
     // The stream that warms up goes to a QP with no receives posted, which drops it; the
     // one measured to another.
-    let (sink, qpb) = (ud(&pdb, &cqb), ud(&pdb, &cqb));
-    let ah = pda.create_ah(&AhAttr::to_socket(cb.local_addr())).unwrap();
+    let (sink, qpb) = (b.qp(qkey), b.qp(qkey));
+    let (to_sink, to_qpb) = (a.to(&b, &sink, qkey), a.to(&b, &qpb, qkey));
     let (every, depth) = (16u64, 128u64);
     // Sends `n` (a multiple of `every`) to `to`; returns the send calls they took.
     let stream = |to, n: u64| {
@@ -128,11 +151,11 @@ fn a_stream_whose_polls_find_completions_leaves_in_few_system_calls() {
         // for a busy poller (it looks at least every 20 ms), the state in which posts wait.
         let start = Instant::now();
         while start.elapsed() < Duration::from_millis(50) {
-            stream(ah.dest(sink.qpn(), qkey), 256);
+            stream(to_sink, 256);
         }
-        tries.push(stream(ah.dest(qpb.qpn(), qkey), n));
+        tries.push(stream(to_qpb, n));
         for k in 0..n {
-            let wc = wait(&cqb);
+            let wc = wait(cqb);
             assert_eq!((wc.wr_id, wc.status, wc.byte_len, wc.qp_num), (k, WcStatus::Success, 48, qpb.qpn()));
         }
     }
@@ -150,16 +173,9 @@ fn a_poller_whose_polls_always_find_completions_still_receives() {
     // for it at the end of each nap. A liveness test: it fails only if the datagrams are
     // never received (the loop's bound is 10 s; no timing asserted).
     let qkey = Qkey(0x3333_4444);
-    let ctx = |last: u8| Context::open_port(IpAddr::from([127, 0, 0, last]), 0).unwrap();
-    let (ca, cb) = (ctx(36), ctx(37));
-    let (pda, pdb) = (ca.alloc_pd(), cb.alloc_pd());
-    let (cqa, cqb) = (ca.create_cq(256, None).unwrap(), cb.create_cq(256, None).unwrap());
-    let (mra, mrb) =
-        (pda.register(64 * 64, Access::LOCAL_WRITE).unwrap(), pdb.register(64, Access::NONE).unwrap());
-    let ud = |pd: &softrdma::ProtectionDomain, cq| {
-        pd.prepare_qp(&QpBuilder::ud(qkey), cq, cq).unwrap().ready().unwrap()
-    };
-    let (qpa, qpb, sink) = (ud(&pda, &cqa), ud(&pdb, &cqb), ud(&pdb, &cqb));
+    let (a, b) = (UdEnd::new(36, 256, 64 * 64, Access::LOCAL_WRITE), UdEnd::new(37, 256, 64, Access::NONE));
+    let (cqa, mra, cqb, mrb) = (&a.cq, &a.mr, &b.cq, &b.mr);
+    let (qpa, qpb, sink) = (a.qp(qkey), b.qp(qkey), b.qp(qkey));
     let n = 16u64;
     for k in 0..n {
         qpa.post_recv(RecvWr {
@@ -168,8 +184,7 @@ fn a_poller_whose_polls_always_find_completions_still_receives() {
         })
         .unwrap();
     }
-    let to_sink = pda.create_ah(&AhAttr::to_socket(cb.local_addr())).unwrap().dest(sink.qpn(), qkey);
-    let to_a = pdb.create_ah(&AhAttr::to_socket(ca.local_addr())).unwrap().dest(qpa.qpn(), qkey);
+    let (to_sink, to_a) = (a.to(&b, &sink, qkey), b.to(&a, &qpa, qkey));
     // One completion stays queued ahead of each poll: a send posted before the loop, whose
     // completion each poll of one leaves in place of the one it takes.
     let sg_list = softrdma::sgl![mra.sge(0, 8).unwrap()];
@@ -197,7 +212,7 @@ fn a_poller_whose_polls_always_find_completions_still_receives() {
                 ud: Some(to_a),
             })
             .unwrap();
-            assert_eq!(wait(&cqb).status, WcStatus::Success);
+            assert_eq!(wait(cqb).status, WcStatus::Success);
             sent_b += 1;
         }
         let sg_list = softrdma::sgl![mra.sge(0, 8).unwrap()];
