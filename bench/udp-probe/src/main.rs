@@ -5,6 +5,10 @@
 //! - `pingpong N SIZE`: SIZE-byte datagram ping-pong, N round trips; prints the median
 //!   one-way latency in µs (half the round trip). Both sides busy-poll non-blocking
 //!   sockets, as softrdma's busy-poll mode does, so the two compare like for like;
+//! - `pingpong-mmsg N SIZE`: the busy-polled ping-pong with softrdma's system calls
+//!   (`sendmmsg` with a destination, three iovecs and a TOS control message; `recvmmsg`
+//!   of a 32-buffer batch with `IP_PKTINFO`, `IP_RECVTOS` and GRO on): what the shape of
+//!   those calls costs, before any user-space work;
 //! - `pingpong-wait N SIZE`: the same with blocking sockets: each side sleeps in `recv`
 //!   until the datagram comes, the floor of any event-driven ping-pong;
 //! - `bw SECONDS SEGMENT`: sends of up to 64 KiB (and at most 64 segments, the kernel's
@@ -78,9 +82,136 @@ fn pingpong(n: usize, size: usize, block: bool) {
         lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
     }
     echo.join().unwrap();
+    report(if block { "udp_pingpong_blocking_oneway" } else { "udp_pingpong_oneway" }, lat);
+}
+
+/// [`pingpong`] with softrdma's system calls: unconnected sockets, each datagram a
+/// `sendmmsg` of one message with a destination name, three iovecs (headers, payload, tail)
+/// and an `IP_TOS` control message, received by `recvmmsg` into a batch of 32 buffers of
+/// 64 KiB with `IP_PKTINFO`, `IP_RECVTOS` and GRO on. Against [`pingpong`], what the shape
+/// of those calls costs in the kernel, before any work of softrdma's own.
+fn pingpong_mmsg(n: usize, size: usize) {
+    let a = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let b = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    for s in [&a, &b] {
+        s.set_nonblocking(true).unwrap();
+        set(s, libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20);
+        set(s, libc::IPPROTO_IP, libc::IP_PKTINFO, 1);
+        set(s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
+        set(s, libc::SOL_UDP, 104, 1); // UDP_GRO
+    }
+    let (pa, pb) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+    fn sockaddr(addr: std::net::SocketAddr) -> libc::sockaddr_in {
+        let std::net::SocketAddr::V4(v4) = addr else { unreachable!("bound to 127.0.0.1") };
+        // SAFETY: plain old data.
+        let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        sa.sin_family = libc::AF_INET as _;
+        sa.sin_port = v4.port().to_be();
+        sa.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+        sa
+    }
+    // One datagram to `to`, shaped as softrdma's.
+    fn send(fd: i32, to: &libc::sockaddr_in, head: &[u8], payload: &[u8], tail: &[u8]) {
+        let mut iov = [head, payload, tail]
+            .map(|b| libc::iovec { iov_base: b.as_ptr().cast_mut().cast(), iov_len: b.len() });
+        let mut control = [0u64; 8];
+        // SAFETY: the header points at live iovecs, name and control buffer during the call;
+        // the control message fits the 64-byte buffer.
+        unsafe {
+            let mut h: libc::mmsghdr = std::mem::zeroed();
+            h.msg_hdr.msg_name = (to as *const libc::sockaddr_in).cast_mut().cast();
+            h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as _;
+            h.msg_hdr.msg_iov = iov.as_mut_ptr();
+            h.msg_hdr.msg_iovlen = 3;
+            h.msg_hdr.msg_control = control.as_mut_ptr().cast();
+            h.msg_hdr.msg_controllen = libc::CMSG_SPACE(4) as _;
+            let c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+            (*c).cmsg_level = libc::IPPROTO_IP;
+            (*c).cmsg_type = libc::IP_TOS;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), 2);
+            libc::sendmmsg(fd, &mut h, 1, libc::MSG_DONTWAIT);
+        }
+    }
+    // Receive buffers, headers and control space for a batch, built once.
+    struct Batch {
+        bufs: Vec<Vec<u8>>,
+        iovs: Vec<libc::iovec>,
+        names: Vec<libc::sockaddr_in6>,
+        controls: Vec<[u64; 16]>,
+        hdrs: Vec<libc::mmsghdr>,
+    }
+    impl Batch {
+        fn new() -> Box<Batch> {
+            const N: usize = 32;
+            // SAFETY (zeroed): plain old data.
+            let mut b = Box::new(Batch {
+                bufs: vec![vec![0u8; 65536]; N],
+                iovs: Vec::new(),
+                names: vec![unsafe { std::mem::zeroed() }; N],
+                controls: vec![[0u64; 16]; N],
+                hdrs: Vec::new(),
+            });
+            b.iovs = iovecs(&mut b.bufs);
+            b.hdrs = (0..N)
+                .map(|_| libc::mmsghdr { msg_hdr: unsafe { std::mem::zeroed() }, msg_len: 0 })
+                .collect();
+            b
+        }
+        fn recv(&mut self, fd: i32) -> isize {
+            for (i, h) in self.hdrs.iter_mut().enumerate() {
+                h.msg_hdr.msg_name = (&mut self.names[i] as *mut libc::sockaddr_in6).cast();
+                h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in6>() as _;
+                h.msg_hdr.msg_iov = &mut self.iovs[i];
+                h.msg_hdr.msg_iovlen = 1;
+                h.msg_hdr.msg_control = self.controls[i].as_mut_ptr().cast();
+                h.msg_hdr.msg_controllen = 128;
+            }
+            // SAFETY: the headers point at this batch's live buffers.
+            unsafe {
+                libc::recvmmsg(
+                    fd,
+                    self.hdrs.as_mut_ptr(),
+                    self.hdrs.len() as u32,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                ) as isize
+            }
+        }
+        fn spin(&mut self, fd: i32) {
+            while self.recv(fd) <= 0 {
+                std::hint::spin_loop();
+            }
+        }
+    }
+    let (head, tail) = ([0u8; 12], [0u8; 4]);
+    let (fa, fb) = (a.as_raw_fd(), b.as_raw_fd());
+    let (to_a, to_b) = (sockaddr(pa), sockaddr(pb));
+    let echo = std::thread::spawn(move || {
+        let _keep = b;
+        let mut batch = Batch::new();
+        let payload = vec![7u8; size];
+        for _ in 0..n {
+            batch.spin(fb);
+            send(fb, &to_a, &head, &payload, &tail);
+        }
+    });
+    let mut batch = Batch::new();
+    let payload = vec![7u8; size];
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        send(fa, &to_b, &head, &payload, &tail);
+        batch.spin(fa);
+        lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+    }
+    echo.join().unwrap();
+    report("udp_pingpong_mmsg_oneway", lat);
+}
+
+fn report(name: &str, mut lat: Vec<f64>) {
     lat.sort_by(f64::total_cmp);
     let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
-    let name = if block { "udp_pingpong_blocking_oneway" } else { "udp_pingpong_oneway" };
     println!("{name} {:.2} usec p99 {:.2} p99_9 {:.2}", q(0.5), q(0.99), q(0.999));
 }
 
@@ -349,6 +480,7 @@ fn main() {
     let num = |i: usize, d: f64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
     match args.first().map(String::as_str) {
         Some("pingpong") => pingpong(num(1, 20000.0) as usize, num(2, 8.0) as usize, false),
+        Some("pingpong-mmsg") => pingpong_mmsg(num(1, 20000.0) as usize, num(2, 8.0) as usize),
         Some("pingpong-wait") => pingpong(num(1, 20000.0) as usize, num(2, 8.0) as usize, true),
         Some("bw") => bw(num(1, 3.0), num(2, 4096.0) as usize),
         Some("bw-zerocopy") => bw_zerocopy(num(1, 3.0), num(2, 4096.0) as usize),
@@ -357,7 +489,7 @@ fn main() {
         Some("rate-uring") => rate_uring(num(1, 3.0), num(2, 20.0) as usize),
         _ => {
             eprintln!(
-                "usage: udp-probe pingpong [N] [SIZE] | pingpong-wait [N] [SIZE] | bw [SECONDS] [SEGMENT] | bw-zerocopy [SECONDS] [SEGMENT] | rate [SECONDS] [SIZE] \
+                "usage: udp-probe pingpong [N] [SIZE] | pingpong-mmsg [N] [SIZE] | pingpong-wait [N] [SIZE] | bw [SECONDS] [SEGMENT] | bw-zerocopy [SECONDS] [SEGMENT] | rate [SECONDS] [SIZE] \
                  | rate-gso [SECONDS] [SIZE] | rate-uring [SECONDS] [SIZE]"
             );
             std::process::exit(2);

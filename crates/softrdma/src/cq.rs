@@ -211,7 +211,11 @@ impl CompletionQueue {
             return n;
         }
         self.ctx.engine.try_progress();
-        self.shared.pop_into(out)
+        let n = self.shared.pop_into(out);
+        if n > 0 {
+            stage!(Polled);
+        }
+        n
     }
 
     /// [`Self::poll`] that also fills `ts` with when each completion was delivered
@@ -226,7 +230,11 @@ impl CompletionQueue {
             return n;
         }
         self.ctx.engine.try_progress();
-        self.shared.pop_stamped(out, ts)
+        let n = self.shared.pop_stamped(out, ts);
+        if n > 0 {
+            stage!(Polled);
+        }
+        n
     }
 
     /// Whether the CQ records when each completion was delivered.

@@ -565,8 +565,10 @@ impl Engine {
         qpn: Qpn,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> std::result::Result<usize, (usize, Error)> {
+        stage!(PostEntered);
         let start = ns(self.now());
         let mut core = self.lock();
+        stage!(Locked);
         let Core { endpoint, mem, .. } = &mut *core;
         let Some(qp) = endpoint.qp_mut(qpn) else {
             return Err((0, Error::InvalidArgument("QP destroyed")));
@@ -584,6 +586,7 @@ impl Engine {
             }
             n += 1;
         }
+        stage!(Queued);
         // A poller that finds completions runs no pass to stamp its liveness: its posts
         // do, with the clock read they make anyway.
         if self.polled_full.load(Ordering::SeqCst) {
@@ -1209,6 +1212,7 @@ impl Engine {
             let Core { endpoint, mem, link, capture, .. } = &mut *core;
             let mut cap = capture.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()));
             let got = link.recv(&mut |meta, bytes| {
+                stage!(PacketIn);
                 if let Some(c) = cap.as_mut() {
                     c.packet(meta.src, meta.dst, meta.tos, bytes);
                 }
@@ -1217,9 +1221,11 @@ impl Engine {
                     Arrival { src: meta.src, dst: meta.dst, tos: meta.tos },
                     bytes,
                     mem,
-                )
+                );
+                stage!(PacketHandled);
             });
             if got.datagrams > 0 {
+                stage!(RecvDone);
                 received = true;
                 // Written through at once: a process may end without dropping the capture.
                 if let Some(c) = cap.as_mut() {
@@ -1236,6 +1242,9 @@ impl Engine {
         if core.endpoint.poll_timeout().is_some_and(|t| t <= now) {
             core.endpoint.handle_timeout(now);
         }
+        if received {
+            stage!(TimersRun);
+        }
         // A pass that received nothing took no time worth a second clock read (a
         // busy-polling thread makes millions of them); after arrivals, what is sent now is
         // stamped now, for the round-trip samples.
@@ -1247,6 +1256,9 @@ impl Engine {
             }
         }
         self.flush_at(core, now);
+        if received {
+            stage!(PassDone);
+        }
         received
     }
 
@@ -1263,6 +1275,7 @@ impl Engine {
         if core.endpoint.cm().is_some() {
             self.cm_pump(core);
         }
+        stage!(FlushBegins);
         loop {
             let Core { endpoint, mem, slots, out: msgs, iov_pool, link, capture, .. } = &mut *core;
             let gso = link.gso();
@@ -1274,6 +1287,7 @@ impl Engine {
                 let (head, rest) = slot.split_at_mut(HEAD);
                 let (tail, bounce) = rest.split_at_mut(TAIL);
                 let Some(t) = endpoint.poll_transmit(now, head, mem) else { break };
+                stage!(PacketBuilt);
                 let len = t.len();
                 let joins = gso
                     && !t.alone

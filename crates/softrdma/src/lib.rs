@@ -29,6 +29,15 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+/// Marks a point of the receive-to-send path ([`stages`]); nothing without the
+/// `stage-probe` feature.
+macro_rules! stage {
+    ($s:ident) => {
+        #[cfg(feature = "stage-probe")]
+        crate::stages::mark(crate::stages::Stage::$s);
+    };
+}
+
 mod ah;
 mod capture;
 pub mod cm;
@@ -44,6 +53,8 @@ pub mod mcast;
 mod memory;
 mod pd;
 mod qp;
+#[cfg(feature = "stage-probe")]
+mod stages;
 mod sys;
 
 pub use ah::{AddressHandle, AhAttr};

@@ -319,6 +319,7 @@ unsafe fn send_batch_in(fd: RawFd, msgs: &mut [OutMsg], hdrs: &mut Vec<libc::mms
         libc::mmsghdr { msg_hdr: h, msg_len: 0 }
     }));
     let mut out = Sent::default();
+    stage!(Sending);
     let mut at = 0;
     while at < hdrs.len() {
         // SAFETY: hdrs[at..] are valid mmsghdrs whose names, controls and iovecs point into
@@ -456,6 +457,9 @@ impl RecvBatch {
             )
         };
         self.count = if r > 0 { r as usize } else { 0 };
+        if r > 0 {
+            stage!(Received);
+        }
         self.dirty = self.count.max(1);
         if self.count > 0 {
             let full = self.count == n;

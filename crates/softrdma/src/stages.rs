@@ -1,0 +1,142 @@
+//! Where a message's microseconds go on the thread that handles it (built only with the
+//! `stage-probe` feature; without it, [`stage!`] compiles to nothing).
+//!
+//! Each thread keeps a chain of timestamps (the CPU's time-stamp counter) that starts when
+//! a receive call returns datagrams and ends when the next send call enters the kernel:
+//! in a ping-pong, the user-space turnaround between the two system calls, which a raw
+//! UDP ping-pong does not have. Every [`Stage`] marked in between is charged the time
+//! since the previous mark; every 20,000 chains the thread prints the mean of each stage
+//! in nanoseconds to stderr, and starts over. `bench/stages.sh` runs a ping-pong with it.
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// A point of the path from a receive call to the next send call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub(crate) enum Stage {
+    /// A receive call returned datagrams (starts the chain).
+    Received,
+    /// One datagram reached the engine's callback.
+    PacketIn,
+    /// The protocol handled that datagram.
+    PacketHandled,
+    /// The receive calls of a pass are over.
+    RecvDone,
+    /// The pass ran the timers that were due.
+    TimersRun,
+    /// The pass's flush found nothing to send and delivered the completions.
+    PassDone,
+    /// The application took a completion from its CQ.
+    Polled,
+    /// The application posted its next send (entry of the engine's post).
+    PostEntered,
+    /// The post holds the engine lock.
+    Locked,
+    /// The QP took the work request.
+    Queued,
+    /// A flush began (after the CM's turn).
+    FlushBegins,
+    /// The protocol built a packet to send.
+    PacketBuilt,
+    /// The send call is entered (ends the chain).
+    Sending,
+}
+
+const NAMES: [&str; 13] = [
+    "received",
+    "packet in",
+    "packet handled",
+    "recv done",
+    "timers run",
+    "pass done",
+    "polled",
+    "post entered",
+    "locked",
+    "queued",
+    "flush begins",
+    "packet built",
+    "sending",
+];
+const N: usize = NAMES.len();
+const REPORT_EVERY: u64 = 20_000;
+
+struct Chain {
+    /// The last mark's timestamp, if a chain is open.
+    last: Option<u64>,
+    sum: [u64; N],
+    count: [u64; N],
+    chains: u64,
+}
+
+thread_local! {
+    static CHAIN: RefCell<Chain> = const { RefCell::new(Chain { last: None, sum: [0; N], count: [0; N], chains: 0 }) };
+}
+
+fn tsc() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: RDTSC has no preconditions on x86-64.
+    unsafe {
+        core::arch::x86_64::_rdtsc()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        static EPOCH: OnceLock<Instant> = OnceLock::new();
+        EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
+}
+
+/// The counter and the clock at the first mark of the process: the rate between the two is
+/// measured over the whole run, with no pause.
+static START: OnceLock<(Instant, u64)> = OnceLock::new();
+
+/// Counter ticks per nanosecond since [`START`].
+fn ticks_per_ns(now: u64) -> f64 {
+    let (t0, c0) = *START.get_or_init(|| (Instant::now(), tsc()));
+    now.saturating_sub(c0) as f64 / t0.elapsed().as_nanos().max(1) as f64
+}
+
+/// Charges `stage` the time since the thread's previous mark (see the module docs).
+pub(crate) fn mark(stage: Stage) {
+    let now = tsc();
+    START.get_or_init(|| (Instant::now(), now));
+    let _ = CHAIN.try_with(|c| {
+        let Ok(mut c) = c.try_borrow_mut() else { return };
+        let i = stage as usize;
+        match (stage, c.last) {
+            (Stage::Received, _) => {
+                c.last = Some(now);
+                return;
+            }
+            (_, None) => return,
+            (_, Some(last)) => {
+                c.sum[i] += now.saturating_sub(last);
+                c.count[i] += 1;
+                c.last = Some(now);
+            }
+        }
+        if stage == Stage::Sending {
+            c.last = None;
+            c.chains += 1;
+            if c.chains == REPORT_EVERY {
+                let rate = ticks_per_ns(now);
+                let parts: Vec<String> = (1..N)
+                    .filter(|&s| c.count[s] > 0)
+                    .map(|s| {
+                        let per_chain = c.sum[s] as f64 / rate / c.chains as f64;
+                        format!("{} {:.0}", NAMES[s], per_chain)
+                    })
+                    .collect();
+                let total: u64 = c.sum.iter().sum();
+                eprintln!(
+                    "stages (ns per turnaround, {} turnarounds): {}; total {:.0}",
+                    c.chains,
+                    parts.join(", "),
+                    total as f64 / rate / c.chains as f64
+                );
+                *c = Chain { last: None, sum: [0; N], count: [0; N], chains: 0 };
+            }
+        }
+    });
+}
