@@ -103,6 +103,8 @@ pub(crate) struct UdpLink {
     ifindex: u32,
     /// The group sockets readable in this receive call.
     ready: Vec<RawFd>,
+    /// The device socket's default TOS byte (ECT(0) where the kernel took it).
+    tos: u8,
 }
 
 impl fmt::Debug for UdpLink {
@@ -116,6 +118,7 @@ impl UdpLink {
     pub(crate) fn bind(addr: SocketAddr) -> Result<UdpLink> {
         let socket = bind(addr)?;
         let local = canonical(socket.local_addr()?);
+        let tos = sys::set_default_tos(socket.as_raw_fd(), local.is_ipv6(), sys::ECT0);
         let ifindex = sys::interfaces::find(local.ip()).ok().flatten().map_or(0, |i| i.index);
         // Multicast leaves from the device's own interface and address.
         let s2 = socket2::SockRef::from(&socket);
@@ -131,6 +134,7 @@ impl UdpLink {
             groups: sys::Epoll::new()?,
             ifindex,
             ready: Vec::new(),
+            tos,
         })
     }
 
@@ -182,7 +186,10 @@ impl Link for UdpLink {
             let k = self.socket_for(msgs[at].src);
             let run = msgs[at..].iter().take_while(|m| self.socket_for(m.src) == k).count();
             // SAFETY: forwarded from this function's contract.
-            let sent = unsafe { sys::send_batch(self.sockets[k].0.as_raw_fd(), &mut msgs[at..at + run]) };
+            // Group sockets keep the kernel's default TOS.
+            let tos = if k == 0 { self.tos } else { 0 };
+            let sent =
+                unsafe { sys::send_batch(self.sockets[k].0.as_raw_fd(), &mut msgs[at..at + run], tos) };
             total.sent += sent.sent;
             total.gso_refused |= sent.gso_refused;
             total.too_big += sent.too_big;

@@ -667,3 +667,74 @@ fn a_process_that_exits_at_once_still_acknowledges_its_last_message() {
     };
     assert!(status.success());
 }
+
+/// Receives one datagram on `s` (with `IP_RECVTOS` on) and returns the IP TOS byte it
+/// arrived with.
+fn recv_tos(s: &std::net::UdpSocket) -> u8 {
+    use std::os::fd::AsRawFd;
+    let mut buf = [0u8; 2048];
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: the header points at live buffers for the call; CMSG_* stay inside `control`.
+    unsafe {
+        let mut h: libc::msghdr = std::mem::zeroed();
+        h.msg_iov = &mut iov;
+        h.msg_iovlen = 1;
+        h.msg_control = control.as_mut_ptr().cast();
+        h.msg_controllen = std::mem::size_of_val(&control) as _;
+        assert!(libc::recvmsg(s.as_raw_fd(), &mut h, 0) > 0, "recvmsg: {}", std::io::Error::last_os_error());
+        let mut c = libc::CMSG_FIRSTHDR(&h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_TOS {
+                return *libc::CMSG_DATA(c);
+            }
+            c = libc::CMSG_NXTHDR(&h, c);
+        }
+    }
+    panic!("no IP_TOS control message");
+}
+
+#[test]
+fn datagrams_leave_with_the_tos_byte_their_address_vector_asks_for() {
+    // A device's socket sends ECN-capable datagrams (ECT(0)), the bulk of its traffic, by
+    // default, and any other TOS byte by asking for it datagram by datagram: a UD send
+    // takes its address vector's traffic class as it is.
+    use std::os::fd::AsRawFd;
+    let sink = std::net::UdpSocket::bind("127.0.0.4:0").unwrap();
+    sink.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let on: libc::c_int = 1;
+    // SAFETY: a pointer to a live c_int and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            sink.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_RECVTOS,
+            (&on as *const libc::c_int).cast(),
+            4,
+        )
+    };
+    assert_eq!(r, 0);
+    let c = ctx(5);
+    let pd = c.alloc_pd();
+    let cq = c.create_cq(16, None).unwrap();
+    let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
+    let qkey = softrdma::Qkey(0x1111);
+    let qp = pd.prepare_qp(&QpBuilder::ud(qkey), &cq, &cq).unwrap().ready().unwrap();
+    for (i, tos) in [0b10u8, 0, 0x28, 0x2A, 0b10, 0b01].into_iter().enumerate() {
+        let attr = softrdma::AhAttr {
+            traffic_class: tos,
+            ..softrdma::AhAttr::to_socket(sink.local_addr().unwrap())
+        };
+        let to = pd.create_ah(&attr).unwrap().dest(softrdma::Qpn::new(0x12), qkey);
+        qp.post_send(SendWr {
+            wr_id: i as u64,
+            op: SendOp::Send,
+            sg_list: softrdma::sgl![mr.sge(0, 8).unwrap()],
+            flags: signaled(),
+            ud: Some(to),
+        })
+        .unwrap();
+        assert_eq!(wait(&cq).status, WcStatus::Success);
+        assert_eq!(recv_tos(&sink), tos, "send {i}: TOS {tos:#04x}");
+    }
+}

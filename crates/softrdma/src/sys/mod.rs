@@ -172,7 +172,7 @@ pub(crate) struct OutMsg {
     pub(crate) to: SocketAddr,
     /// The local address to send from (it picks the socket).
     pub(crate) src: SocketAddr,
-    /// The IP TOS byte (DSCP and ECN); 0 leaves the socket's default.
+    /// The IP TOS byte (DSCP and ECN).
     pub(crate) tos: u8,
     pub(crate) iov: Vec<libc::iovec>,
     pub(crate) gso: Option<u16>,
@@ -249,7 +249,11 @@ pub(crate) struct Sent {
 /// # Safety
 ///
 /// Every iovec must point to memory that is readable for its length during the call.
-pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> Sent {
+///
+/// `default_tos` is the socket's own TOS byte: a message with another one carries it in
+/// a control message (which costs the kernel a parse per send; most of a device's traffic
+/// is ECN-capable, [`ECT0`], which device sockets take as their default).
+pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg], default_tos: u8) -> Sent {
     thread_local! {
         /// The message headers of the last batch this thread sent, kept for their
         /// capacity: a send allocates nothing.
@@ -257,7 +261,7 @@ pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> Sent {
     }
     // SAFETY (all three calls): the caller's contract, passed on.
     let kept = HDRS.try_with(|h| match h.try_borrow_mut() {
-        Ok(mut hdrs) => Some(unsafe { send_batch_in(fd, msgs, &mut hdrs) }),
+        Ok(mut hdrs) => Some(unsafe { send_batch_in(fd, msgs, default_tos, &mut hdrs) }),
         Err(_) => None,
     });
     match kept {
@@ -265,7 +269,7 @@ pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> Sent {
         // A reentrant call (none is made), or a thread whose locals are gone already (a
         // process exiting sends its held ACKs from an `atexit` handler, which glibc runs
         // after the exiting thread's destructors): headers of its own.
-        _ => unsafe { send_batch_in(fd, msgs, &mut Vec::new()) },
+        _ => unsafe { send_batch_in(fd, msgs, default_tos, &mut Vec::new()) },
     }
 }
 
@@ -274,7 +278,12 @@ pub(crate) unsafe fn send_batch(fd: RawFd, msgs: &mut [OutMsg]) -> Sent {
 /// # Safety
 ///
 /// As for [`send_batch`].
-unsafe fn send_batch_in(fd: RawFd, msgs: &mut [OutMsg], hdrs: &mut Vec<libc::mmsghdr>) -> Sent {
+unsafe fn send_batch_in(
+    fd: RawFd,
+    msgs: &mut [OutMsg],
+    default_tos: u8,
+    hdrs: &mut Vec<libc::mmsghdr>,
+) -> Sent {
     hdrs.clear();
     hdrs.extend(msgs.iter_mut().map(|m| {
         // SAFETY: msghdr is plain old data; all-zero is valid before we fill it in.
@@ -284,7 +293,7 @@ unsafe fn send_batch_in(fd: RawFd, msgs: &mut [OutMsg], hdrs: &mut Vec<libc::mms
         h.msg_namelen = m.dst.len();
         h.msg_iov = m.iov.as_mut_ptr();
         h.msg_iovlen = m.iov.len() as _;
-        if m.gso.is_some() || m.tos != 0 {
+        if m.gso.is_some() || m.tos != default_tos {
             h.msg_control = m.control.as_mut_ptr().cast();
             h.msg_controllen = std::mem::size_of_val(&m.control) as _;
             let mut used = 0;
@@ -301,7 +310,7 @@ unsafe fn send_batch_in(fd: RawFd, msgs: &mut [OutMsg], hdrs: &mut Vec<libc::mms
                     used += libc::CMSG_SPACE(2) as usize;
                     c = libc::CMSG_NXTHDR(&h, c);
                 }
-                if m.tos != 0 && !c.is_null() {
+                if m.tos != default_tos && !c.is_null() {
                     let (level, ty) = if m.to.is_ipv4() {
                         (libc::IPPROTO_IP, libc::IP_TOS)
                     } else {
@@ -350,6 +359,26 @@ unsafe fn send_batch_in(fd: RawFd, msgs: &mut [OutMsg], hdrs: &mut Vec<libc::mms
         at += n as usize;
     }
     out
+}
+
+/// ECN-capable transport, codepoint 0: the IP TOS byte of most of a device's datagrams.
+pub(crate) const ECT0: u8 = 0b10;
+
+/// Makes `tos` the IP TOS byte (IPv6 traffic class) of a socket's datagrams that do not
+/// say otherwise; returns the socket's default after the attempt.
+pub(crate) fn set_default_tos(fd: RawFd, ipv6: bool, tos: u8) -> u8 {
+    let (level, name) =
+        if ipv6 { (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) } else { (libc::IPPROTO_IP, libc::IP_TOS) };
+    setsockopt_int(fd, level, name, tos.into());
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a pointer to a live c_int and its size.
+    let ok = unsafe { libc::getsockopt(fd, level, name, (&mut v as *mut libc::c_int).cast(), &mut len) } == 0;
+    if ok {
+        u8::try_from(v).unwrap_or(0)
+    } else {
+        0
+    }
 }
 
 /// Turns on UDP GRO for a socket; false if the kernel has none.
