@@ -113,7 +113,10 @@ impl CqShared {
                 }
             }
         }
-        if self.has_wakers.swap(false, Ordering::SeqCst) {
+        // A load first (SeqCst, after the SeqCst store of `queued`: a task that registers
+        // and then looks at the queue sees this completion, or this sees its flag), the
+        // swap only when set: an atomic read-modify-write per completion saved.
+        if self.has_wakers.load(Ordering::SeqCst) && self.has_wakers.swap(false, Ordering::SeqCst) {
             let wakers = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|p| p.into_inner()));
             wakers.into_iter().for_each(Waker::wake);
         }

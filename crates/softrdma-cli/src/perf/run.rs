@@ -41,8 +41,13 @@ impl Session<'_> {
         self.qps.iter().position(|q| q.qpn() == wc.qp_num).ok_or_else(|| "completion of an unknown QP".into())
     }
 
+    /// The next completion (an error completion is an error), busy-polled or, with a
+    /// channel, waited for; fails after 30 s without one.
     fn wait(&self) -> Result<WorkCompletion, Fail> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let wait_limit = || Instant::now() + Duration::from_secs(30);
+        // The deadline from the first clock read, 256 polls in: a completion that is there
+        // at once (most of them, in a ping-pong) costs no clock read.
+        let mut deadline = None;
         let mut polls = 0u64;
         loop {
             polls += 1;
@@ -55,7 +60,7 @@ impl Session<'_> {
             }
             // The clock every 256 empty polls, not every one: a busy-polling loop is
             // mostly empty polls, and a clock read costs as much as one.
-            if polls % 256 == 0 && Instant::now() > deadline {
+            if polls % 256 == 0 && Instant::now() > *deadline.get_or_insert_with(wait_limit) {
                 return Err("timed out waiting for a completion".into());
             }
             if let Some(ch) = &self.channel {
@@ -69,7 +74,9 @@ impl Session<'_> {
                 }
                 // Bounded, so that a lost message ends the run with an error, not a hang.
                 if ch
-                    .get_event_timeout(deadline.saturating_duration_since(Instant::now()))
+                    .get_event_timeout(
+                        deadline.get_or_insert_with(wait_limit).saturating_duration_since(Instant::now()),
+                    )
                     .map_err(|e| e.to_string())?
                     .is_some()
                 {
