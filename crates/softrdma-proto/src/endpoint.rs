@@ -125,9 +125,17 @@ struct Slot {
     ready: bool,
     /// In the list of QPs that may have completions.
     pending: bool,
-    /// The deadline the heap holds for it (entries with another deadline are stale).
+    /// The deadline the heap holds for it (entries with another deadline are stale), in
+    /// heap mode (see [`SCAN_QPS`]).
     armed: Option<Duration>,
 }
+
+/// Up to this many QPs, the earliest deadline is found by asking each QP (a few
+/// comparisons each), not kept in a heap: a ping-pong re-arms its QP's timers several
+/// times per message, and every re-arm cost a heap push and, later, the pop of the entry
+/// it made stale (13 % of the protocol's work per message, `examples/pingpong_cost.rs`).
+/// Past it, the heap (a device with thousands of idle QPs looks at one entry).
+const SCAN_QPS: usize = 8;
 
 /// The QPs of one local address.
 #[derive(Debug)]
@@ -145,8 +153,10 @@ pub struct Endpoint {
     ready: VecDeque<u32>,
     /// QPs that may have completions.
     pending: Vec<u32>,
-    /// QP deadlines; an entry is live while it equals its slot's `armed`.
+    /// QP deadlines; an entry is live while it equals its slot's `armed`. Kept only in
+    /// heap mode: more than [`SCAN_QPS`] QPs.
     timers: BinaryHeap<Reverse<(Duration, u32)>>,
+    heap_mode: bool,
     stats: EndpointStats,
     /// The connection manager on QP1, once enabled.
     cm: Option<CmAgent>,
@@ -172,6 +182,7 @@ impl Endpoint {
             ready: VecDeque::new(),
             pending: Vec::new(),
             timers: BinaryHeap::new(),
+            heap_mode: false,
             stats: EndpointStats::default(),
             cm: None,
             gsi_psn: 0,
@@ -258,7 +269,25 @@ impl Endpoint {
         let slot =
             Slot { qp: QueuePair::new(qpn, cfg), touched: false, ready: false, pending: false, armed: None };
         self.qps.insert(n, slot);
+        self.choose_timer_mode();
         qpn
+    }
+
+    /// Switches between scanning the QPs for the earliest deadline and keeping a heap of
+    /// them, as the number of QPs crosses [`SCAN_QPS`]; entering heap mode arms every QP.
+    fn choose_timer_mode(&mut self) {
+        let heap = self.qps.len() > SCAN_QPS;
+        if heap == self.heap_mode {
+            return;
+        }
+        self.heap_mode = heap;
+        self.timers.clear();
+        for (&qpn, slot) in &mut self.qps {
+            slot.armed = if heap { slot.qp.poll_timeout() } else { None };
+            if let Some(t) = slot.armed {
+                self.timers.push(Reverse((t, qpn)));
+            }
+        }
     }
 
     /// Creates a shared receive queue.
@@ -286,7 +315,9 @@ impl Endpoint {
         }
         self.mcast.retain(|_, m| !m.is_empty());
         // Its queue entries and heap entries go stale and are skipped.
-        self.qps.remove(&qpn.get()).map(|s| s.qp)
+        let qp = self.qps.remove(&qpn.get()).map(|s| s.qp);
+        self.choose_timer_mode();
+        qp
     }
 
     /// Attaches a UD QP to the multicast group `group` (IBTA 10.5.2.1, `ibv_attach_mcast`):
@@ -502,11 +533,13 @@ impl Endpoint {
         for qpn in self.touched.drain(..) {
             let Some(slot) = self.qps.get_mut(&qpn) else { continue };
             slot.touched = false;
-            let deadline = slot.qp.poll_timeout();
-            if deadline != slot.armed {
-                slot.armed = deadline;
-                if let Some(t) = deadline {
-                    self.timers.push(Reverse((t, qpn)));
+            if self.heap_mode {
+                let deadline = slot.qp.poll_timeout();
+                if deadline != slot.armed {
+                    slot.armed = deadline;
+                    if let Some(t) = deadline {
+                        self.timers.push(Reverse((t, qpn)));
+                    }
                 }
             }
             if !slot.ready && slot.qp.wants_transmit() {
@@ -563,7 +596,11 @@ impl Endpoint {
     /// The earliest deadline of any QP or of the CM.
     pub fn poll_timeout(&mut self) -> Option<Duration> {
         self.settle();
-        let qps = self.timers.peek().map(|Reverse((t, _))| *t);
+        let qps = if self.heap_mode {
+            self.timers.peek().map(|Reverse((t, _))| *t)
+        } else {
+            self.qps.values().filter_map(|s| s.qp.poll_timeout()).min()
+        };
         let cm = self.cm.as_ref().and_then(CmAgent::poll_timeout);
         match (qps, cm) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -579,6 +616,14 @@ impl Endpoint {
             }
         }
         self.settle();
+        if !self.heap_mode {
+            for (&qpn, slot) in &mut self.qps {
+                if slot.qp.poll_timeout().is_some_and(|d| d <= now) {
+                    slot.qp.handle_timeout(now);
+                    touch(&mut self.touched, qpn, slot);
+                }
+            }
+        }
         while let Some(&Reverse((t, qpn))) = self.timers.peek() {
             if t > now {
                 break;
