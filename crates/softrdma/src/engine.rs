@@ -185,29 +185,7 @@ struct Route {
     recv: Arc<dyn CompletionSink>,
 }
 
-/// Hashes a QP number with one multiplication (Fibonacci hashing): QP numbers are this
-/// device's own, so the default hasher's resistance to chosen keys buys nothing, and its
-/// cost was paid for every completion delivered.
-type QpnHash = std::hash::BuildHasherDefault<QpnHasher>;
 
-#[derive(Default)]
-struct QpnHasher(u64);
-
-impl std::hash::Hasher for QpnHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
 
 /// Socket-level counters of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -271,8 +249,10 @@ pub enum AsyncEvent {
 struct Core {
     endpoint: Endpoint,
     mem: Registry,
-    /// Where each QP's completions go, by QP number (looked up for every completion).
-    routes: HashMap<u32, Route, QpnHash>,
+    /// Where each QP's completions go, by QP number (looked up for every completion: one
+    /// multiplication hashes it; QP numbers are the device's own, so the default hasher's
+    /// resistance to chosen keys would buy nothing).
+    routes: HashMap<u32, Route, crate::memory::KeyHashing>,
     events: VecDeque<AsyncEvent>,
     /// Readable while `events` is not empty (`ibv_context.async_fd`).
     async_efd: EventFd,

@@ -288,12 +288,13 @@ fn zeroed_words(n: usize) -> Option<Box<[AtomicU64]>> {
     Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) })
 }
 
-/// The hasher of the maps by key (see [`Registry`]): a key times a 64-bit odd constant,
-/// which spreads its bits over the high half the table looks at first.
+/// The hasher of the maps by key (see [`Registry`]) and of the engine's completion routes
+/// by QP number: a key times a 64-bit odd constant, which spreads its bits over the high
+/// half the table looks at first.
 #[derive(Debug, Default)]
 pub(crate) struct KeyHash(u64);
 
-type KeyHashing = std::hash::BuildHasherDefault<KeyHash>;
+pub(crate) type KeyHashing = std::hash::BuildHasherDefault<KeyHash>;
 
 impl std::hash::Hasher for KeyHash {
     fn finish(&self) -> u64 {
