@@ -185,8 +185,6 @@ struct Route {
     recv: Arc<dyn CompletionSink>,
 }
 
-
-
 /// Socket-level counters of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct IoStats {
