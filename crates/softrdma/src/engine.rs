@@ -569,7 +569,8 @@ impl Engine {
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> std::result::Result<usize, (usize, Error)> {
         stage!(PostEntered);
-        let start = ns(self.now());
+        let started = self.now();
+        let start = ns(started);
         let mut core = self.lock();
         stage!(Locked);
         let Core { endpoint, mem, .. } = &mut *core;
@@ -616,7 +617,9 @@ impl Engine {
         if deferred {
             drop(core);
         } else {
-            self.flush_and_wake(core);
+            // Sent as of the post's start (its clock read serves the flush too: the
+            // packets' timers and send times are a few hundred nanoseconds early).
+            self.flush_and_wake_at(core, started);
         }
         self.last_post.store(ns(self.now()), Ordering::Relaxed);
         match failed {
@@ -1437,8 +1440,14 @@ impl Engine {
     /// Sends what is ready and releases the engine, then nudges the progress thread:
     /// signalled once the lock is free, since a thread woken under it would only block on
     /// the lock, and the unlock would have to wake it a second time.
-    fn flush_and_wake(&self, mut core: MutexGuard<'_, Core>) {
-        self.flush(&mut core);
+    fn flush_and_wake(&self, core: MutexGuard<'_, Core>) {
+        let now = self.now();
+        self.flush_and_wake_at(core, now);
+    }
+
+    /// [`Self::flush_and_wake`] at `now`.
+    fn flush_and_wake_at(&self, mut core: MutexGuard<'_, Core>, now: Duration) {
+        self.flush_at(&mut core, now);
         let wake = self.nudge_later(&mut core);
         drop(core);
         if wake {
