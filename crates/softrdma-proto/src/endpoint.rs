@@ -156,6 +156,7 @@ pub struct Endpoint {
     /// QP deadlines; an entry is live while it equals its slot's `armed`. Kept only in
     /// heap mode: more than [`SCAN_QPS`] QPs.
     timers: BinaryHeap<Reverse<(Duration, u32)>>,
+    /// More than [`SCAN_QPS`] QPs: deadlines are kept in `timers`.
     heap_mode: bool,
     stats: EndpointStats,
     /// The connection manager on QP1, once enabled.

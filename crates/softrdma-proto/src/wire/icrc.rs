@@ -144,31 +144,38 @@ const PRE_V6: usize = PRE_MAX;
 /// The CRC of the pseudo-headers of a datagram of `encap` whose UDP payload is
 /// `udp_payload_len` bytes long, as a CRC to resume from.
 ///
-/// Only the two length fields change from packet to packet of one flow, and the CRC of
-/// messages of one length is affine in their bits: `crc(a ^ b) = crc(a) ^ raw(b)`, `raw`
-/// being the CRC register without its initial and final inversions. So the CRC of the
-/// pseudo-headers is that of the flow's pseudo-headers with both lengths zero (kept in a
-/// small per-thread cache) XOR the raw CRC each length byte adds at its place (a table per
-/// byte position, built at compile time): four lookups instead of 36 or 56 bytes of CRC
-/// for every packet sent and received.
+/// Only the two length fields (and, in a GSO train to a foreign peer, the IPv4
+/// Identification) change from packet to packet of one flow, and the CRC of messages of
+/// one length is affine in their bits: `crc(a ^ b) = crc(a) ^ raw(b)`, `raw` being the
+/// CRC register without its initial and final inversions. So the CRC of the
+/// pseudo-headers is that of the flow's pseudo-headers with those fields zero (kept in a
+/// small per-thread cache) XOR the raw CRC each of their bytes adds at its place (a table
+/// per byte position, built at compile time): a few lookups instead of 36 or 56 bytes of
+/// CRC for every packet sent and received.
 fn pseudo_crc(encap: &Encap, udp_payload_len: usize) -> u32 {
     let udp_len = (8 + udp_payload_len) as u16;
-    let (ip_len, t) = match encap.ip {
-        IpFields::V4 { .. } => (udp_len.wrapping_add(20), &LEN_V4),
-        IpFields::V6 { .. } => (udp_len, &LEN_V6),
+    let (ip_len, t, ident) = match encap.ip {
+        IpFields::V4 { ident, dont_fragment, .. } => {
+            // The Identification too: a GSO train to a foreign peer numbers its segments.
+            let [hi, lo] = ident.to_be_bytes();
+            let key = encap.with_ipv4_ident(0, dont_fragment);
+            let ident = IDENT_V4[0][usize::from(hi)] ^ IDENT_V4[1][usize::from(lo)];
+            (udp_len.wrapping_add(20), &LEN_V4, zero_length_crc(&key) ^ ident)
+        }
+        IpFields::V6 { .. } => (udp_len, &LEN_V6, zero_length_crc(encap)),
     };
     let [ip_hi, ip_lo] = ip_len.to_be_bytes();
     let [udp_hi, udp_lo] = udp_len.to_be_bytes();
-    zero_length_crc(encap)
+    ident
         ^ t[0][usize::from(ip_hi)]
         ^ t[1][usize::from(ip_lo)]
         ^ t[2][usize::from(udp_hi)]
         ^ t[3][usize::from(udp_lo)]
 }
 
-/// The CRC of `encap`'s pseudo-headers with both length fields zero, from a per-thread
-/// cache of the last few encapsulations (a busy thread sends to and receives from a few
-/// peers at a time).
+/// The CRC of `encap`'s pseudo-headers with both length fields zero (and, for IPv4, the
+/// Identification its caller zeroed), from a per-thread cache of the last few
+/// encapsulations (a busy thread sends to and receives from a few peers at a time).
 fn zero_length_crc(encap: &Encap) -> u32 {
     const WAYS: usize = 4;
     /// The flows and their CRCs, and the way to replace next.
@@ -208,13 +215,15 @@ fn zero_length_crc(encap: &Encap) -> u32 {
 static LEN_V4: [[u32; 256]; 4] = len_tables(PRE_V4, [10, 11, 32, 33]);
 /// The same for IPv6's (payload length, UDP length).
 static LEN_V6: [[u32; 256]; 4] = len_tables(PRE_V6, [12, 13, 52, 53]);
+/// The same for the IPv4 Identification, high and low byte.
+static IDENT_V4: [[u32; 256]; 2] = len_tables(PRE_V4, [12, 13]);
 
 /// For each byte position `at` in a message `n` bytes long, the raw CRC of every byte
 /// value there with zeros everywhere else (linear in the value: built from its bits).
-const fn len_tables(n: usize, at: [usize; 4]) -> [[u32; 256]; 4] {
-    let mut t = [[0u32; 256]; 4];
+const fn len_tables<const K: usize>(n: usize, at: [usize; K]) -> [[u32; 256]; K] {
+    let mut t = [[0u32; 256]; K];
     let mut i = 0;
-    while i < 4 {
+    while i < K {
         let mut bit = [0u32; 8];
         let mut b = 0;
         while b < 8 {
