@@ -665,3 +665,30 @@ fn touch(list: &mut Vec<u32>, qpn: u32, slot: &mut Slot) {
         list.push(qpn);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qp::QpCaps;
+
+    /// Past [`SCAN_QPS`] QPs the deadlines go to the heap (a device with thousands of QPs
+    /// must not ask each one for every pass), and back at it they leave it.
+    #[test]
+    fn many_qps_keep_their_deadlines_in_a_heap() {
+        let local: SocketAddr = "10.0.0.1:4791".parse().unwrap();
+        let mut e = Endpoint::new(local);
+        let cfg = QpConfig {
+            qp_type: QpType::Rc,
+            pd: PdId(1),
+            local,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+            srq: None,
+        };
+        let qpns: Vec<Qpn> = (0..=SCAN_QPS).map(|_| e.create_qp(cfg)).collect();
+        assert!(e.heap_mode, "{} QPs", qpns.len());
+        e.destroy_qp(qpns[0]);
+        assert!(!e.heap_mode, "{SCAN_QPS} QPs");
+        assert!(e.timers.is_empty());
+    }
+}
