@@ -245,7 +245,7 @@ fn bind_group(group: IpAddr, device: SocketAddr, ifindex: u32) -> Result<UdpSock
     let s = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
     s.set_reuse_address(true)?;
     let fd = s.as_raw_fd();
-    sys::enable_recv_meta(fd, group.is_ipv6());
+    sys::enable_recv_meta(fd, group.is_ipv6(), true);
     if std::env::var_os("SOFTRDMA_NO_GRO").is_none() {
         sys::enable_gro(fd);
     }
@@ -295,9 +295,9 @@ fn grow_recv_buffer(s: &socket2::Socket) {
 }
 
 /// Binds a device socket: non-blocking, DF with IP ID 0 on every datagram (so that ICRCs
-/// can be computed for the header the kernel writes), big buffers, destination address and
-/// TOS reported with each datagram, GRO, and zero-checksum UDP accepted on IPv6 (rxe sends
-/// it).
+/// can be computed for the header the kernel writes), big buffers, the TOS byte (and, on a
+/// wildcard address, the destination address) reported with each datagram, GRO, and
+/// zero-checksum UDP accepted on IPv6 (rxe sends it).
 fn bind(addr: SocketAddr) -> Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
@@ -310,7 +310,9 @@ fn bind(addr: SocketAddr) -> Result<UdpSocket> {
         sys::setsockopt_int(fd, libc::IPPROTO_UDP, 102 /* UDP_NO_CHECK6_RX */, 1);
         let _ = s.set_only_v6(true);
     }
-    sys::enable_recv_meta(fd, addr.is_ipv6());
+    // A datagram that reaches a socket bound to one unicast address was sent to that
+    // address; a wildcard socket asks for each datagram's.
+    sys::enable_recv_meta(fd, addr.is_ipv6(), addr.ip().is_unspecified());
     if std::env::var_os("SOFTRDMA_NO_GRO").is_none() {
         sys::enable_gro(fd);
     }

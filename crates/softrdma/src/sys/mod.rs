@@ -561,14 +561,16 @@ fn ancillary(h: &libc::msghdr) -> Ancillary {
     a
 }
 
-/// Asks the kernel for each datagram's destination address and TOS byte.
-pub(crate) fn enable_recv_meta(fd: RawFd, ipv6: bool) -> bool {
-    let opts: [(libc::c_int, libc::c_int); 2] = if ipv6 {
-        [(libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO), (libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS)]
+/// Asks the kernel for each datagram's TOS byte and, with `dst`, its destination address
+/// (a socket bound to one unicast address knows it without asking: each control message
+/// costs the kernel a copy per datagram).
+pub(crate) fn enable_recv_meta(fd: RawFd, ipv6: bool, dst: bool) -> bool {
+    let (tos, pktinfo) = if ipv6 {
+        ((libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS), (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO))
     } else {
-        [(libc::IPPROTO_IP, libc::IP_PKTINFO), (libc::IPPROTO_IP, libc::IP_RECVTOS)]
+        ((libc::IPPROTO_IP, libc::IP_RECVTOS), (libc::IPPROTO_IP, libc::IP_PKTINFO))
     };
-    opts.iter().all(|&(level, name)| setsockopt_int(fd, level, name, 1))
+    setsockopt_int(fd, tos.0, tos.1, 1) && (!dst || setsockopt_int(fd, pktinfo.0, pktinfo.1, 1))
 }
 
 /// An epoll set, level-triggered for reading: one descriptor that is readable while any
