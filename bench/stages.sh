@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 ITERS=${ITERS:-100000}
 CARGO_TARGET_DIR=target/stages cargo build --release -q -p softrdma-cli --features softrdma/stage-probe
 cargo build --release -q -p udp-probe
-target/release/udp-probe pingpong "$ITERS" 8
-target/release/udp-probe pingpong-mmsg "$ITERS" 8
+timeout 60 target/release/udp-probe pingpong "$ITERS" 8
+timeout 60 target/release/udp-probe pingpong-mmsg "$ITERS" 8
 timeout 120 target/stages/release/softrdma perf send_lat -s 8 -n "$ITERS" --local 2>&1 |
   grep -E '^stages|^ 8 ' | tail -3

@@ -81,8 +81,9 @@ const SMALL_WR: u64 = 4096;
 /// the poller gone and packets waiting, and doubles again (up to `MAX`) after each `CLEAN`
 /// naps that found the poller at work with no such stall between them. A check that
 /// wakes the progress thread takes a core from the pollers on a small machine, so the nap
-/// is long unless the program shows that it needs short ones; and a poller that never left anything behind
-/// for `EARN` naps in a row earns longer ones still, up to `MAX_EARNED`. On two cores
+/// is long unless the program shows that it needs short ones; and a poller that never
+/// left anything behind for `EARN` naps in a row earns longer ones still, up to
+/// `MAX_EARNED`. On two cores
 /// shared by two busy-polling processes each check preempts a poller for several
 /// microseconds: at 1 ms naps the checks alone made the slowest 1 % of a ping-pong's
 /// messages (`perf send_lat --local`: 99 % 19–23 µs, 8 µs with 8 ms naps). The first
@@ -1497,11 +1498,7 @@ impl Engine {
     /// An application thread is about to block (on a completion channel): the progress
     /// thread must watch the link again, at once.
     pub(crate) fn app_blocking(&self) {
-        self.app_polls.store(0, Ordering::Relaxed);
-        self.polled_full.store(false, Ordering::SeqCst);
-        self.last_app_pass.store(NEVER, Ordering::SeqCst);
-        self.last_app_post.store(NEVER, Ordering::SeqCst);
-        self.send_deferred();
+        self.poller_leaves();
         if self.napping.load(Ordering::Acquire) {
             self.wake.signal();
         }
@@ -1526,13 +1523,20 @@ impl Engine {
         }
     }
 
-    /// An application thread starts watching the link while it waits for an event.
-    pub(crate) fn app_watch_begin(&self) -> WatchGuard<'_> {
+    /// An application thread stops polling (to block, or to watch the link): its polls
+    /// and stamps no longer say a poller is at work, and what its posts left for its next
+    /// poll goes now.
+    fn poller_leaves(&self) {
         self.app_polls.store(0, Ordering::Relaxed);
         self.polled_full.store(false, Ordering::SeqCst);
         self.last_app_pass.store(NEVER, Ordering::SeqCst);
         self.last_app_post.store(NEVER, Ordering::SeqCst);
         self.send_deferred();
+    }
+
+    /// An application thread starts watching the link while it waits for an event.
+    pub(crate) fn app_watch_begin(&self) -> WatchGuard<'_> {
+        self.poller_leaves();
         self.app_watching.fetch_add(1, Ordering::SeqCst);
         WatchGuard(self)
     }

@@ -118,10 +118,19 @@ impl UdpLink {
     pub(crate) fn bind(addr: SocketAddr) -> Result<UdpLink> {
         let socket = bind(addr)?;
         let local = canonical(socket.local_addr()?);
-        let tos = sys::set_default_tos(socket.as_raw_fd(), local.is_ipv6(), sys::ECT0);
         let ifindex = sys::interfaces::find(local.ip()).ok().flatten().map_or(0, |i| i.index);
-        // Multicast leaves from the device's own interface and address.
         let s2 = socket2::SockRef::from(&socket);
+        // Most of a device's datagrams are ECN-capable: its socket's default, so that they
+        // carry no TOS control message (see `sys::send_batch`); read back, since sends
+        // trust it.
+        let ect0 = u32::from(sys::ECT0);
+        let tos = if local.is_ipv6() {
+            s2.set_tclass_v6(ect0).and_then(|()| s2.tclass_v6())
+        } else {
+            s2.set_tos(ect0).and_then(|()| s2.tos())
+        };
+        let tos = tos.ok().and_then(|t| u8::try_from(t).ok()).unwrap_or(0);
+        // Multicast leaves from the device's own interface and address.
         let _ = match local.ip() {
             IpAddr::V4(v4) if !v4.is_unspecified() => s2.set_multicast_if_v4(&v4),
             IpAddr::V6(_) if ifindex != 0 => s2.set_multicast_if_v6(ifindex),

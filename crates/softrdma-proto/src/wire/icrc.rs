@@ -140,6 +140,14 @@ const PRE_MAX: usize = 8 + 40 + 8;
 /// Their length for IPv4 and for IPv6.
 const PRE_V4: usize = 8 + 20 + 8;
 const PRE_V6: usize = PRE_MAX;
+/// Where the fields that change from packet to packet of one flow start in them (each
+/// two bytes): IPv4's total length, Identification and UDP length; IPv6's payload length
+/// and UDP length.
+const V4_IP_LEN: usize = 8 + 2;
+const V4_IDENT: usize = 8 + 4;
+const V4_UDP_LEN: usize = 8 + 20 + 4;
+const V6_IP_LEN: usize = 8 + 4;
+const V6_UDP_LEN: usize = 8 + 40 + 4;
 
 /// The CRC of the pseudo-headers of a datagram of `encap` whose UDP payload is
 /// `udp_payload_len` bytes long, as a CRC to resume from.
@@ -184,12 +192,12 @@ fn zero_length_crc(encap: &Encap) -> u32 {
         static CACHE: core::cell::RefCell<Ways> = const { core::cell::RefCell::new(([None; WAYS], 0)) };
     }
     let compute = || {
-        let mut pre = [0xFFu8; PRE_MAX + 12];
+        let mut pre = [0xFFu8; PRE_MAX];
         let end = pseudo_headers(encap, 0, &mut pre);
         // pseudo_headers wrote lengths for an empty payload; zero them.
         let (ip, udp) = match encap.ip {
-            IpFields::V4 { .. } => (10, 32),
-            IpFields::V6 { .. } => (12, 52),
+            IpFields::V4 { .. } => (V4_IP_LEN, V4_UDP_LEN),
+            IpFields::V6 { .. } => (V6_IP_LEN, V6_UDP_LEN),
         };
         pre[ip..ip + 2].fill(0);
         pre[udp..udp + 2].fill(0);
@@ -212,11 +220,11 @@ fn zero_length_crc(encap: &Encap) -> u32 {
 
 /// `LEN_V4[i][v]`: the raw CRC that byte value `v` adds at the `i`-th length byte of
 /// IPv4's pseudo-headers (IP total length high and low, UDP length high and low).
-static LEN_V4: [[u32; 256]; 4] = len_tables(PRE_V4, [10, 11, 32, 33]);
+static LEN_V4: [[u32; 256]; 4] = len_tables(PRE_V4, [V4_IP_LEN, V4_IP_LEN + 1, V4_UDP_LEN, V4_UDP_LEN + 1]);
 /// The same for IPv6's (payload length, UDP length).
-static LEN_V6: [[u32; 256]; 4] = len_tables(PRE_V6, [12, 13, 52, 53]);
+static LEN_V6: [[u32; 256]; 4] = len_tables(PRE_V6, [V6_IP_LEN, V6_IP_LEN + 1, V6_UDP_LEN, V6_UDP_LEN + 1]);
 /// The same for the IPv4 Identification, high and low byte.
-static IDENT_V4: [[u32; 256]; 2] = len_tables(PRE_V4, [12, 13]);
+static IDENT_V4: [[u32; 256]; 2] = len_tables(PRE_V4, [V4_IDENT, V4_IDENT + 1]);
 
 /// For each byte position `at` in a message `n` bytes long, the raw CRC of every byte
 /// value there with zeros everywhere else (linear in the value: built from its bits).
@@ -242,9 +250,8 @@ const fn len_tables<const K: usize>(n: usize, at: [usize; K]) -> [[u32; 256]; K]
 }
 
 /// Writes the pseudo-LRH and the masked IP and UDP headers into `pre` (filled with 0xFF)
-/// and returns their length: one buffer, so that they cost one CRC update (each update
-/// has a fixed cost, and this runs for every packet).
-fn pseudo_headers(encap: &Encap, udp_payload_len: usize, pre: &mut [u8; PRE_MAX + 12]) -> usize {
+/// and returns their length (a flow's first packet, and the tests, compute their CRC).
+fn pseudo_headers(encap: &Encap, udp_payload_len: usize, pre: &mut [u8; PRE_MAX]) -> usize {
     let udp_len = (8 + udp_payload_len) as u16;
     let ip_len = match encap.ip {
         IpFields::V4 { src, dst, ident, dont_fragment } => {
@@ -515,7 +522,7 @@ mod tests {
 
     /// The CRC of the pseudo-headers computed byte by byte, as the definition says.
     fn pseudo_crc_slow(encap: &Encap, udp_payload_len: usize) -> u32 {
-        let mut pre = [0xFFu8; PRE_MAX + 12];
+        let mut pre = [0xFFu8; PRE_MAX];
         let end = pseudo_headers(encap, udp_payload_len, &mut pre);
         crc32fast::hash(&pre[..end])
     }

@@ -364,23 +364,6 @@ unsafe fn send_batch_in(
 /// ECN-capable transport, codepoint 0: the IP TOS byte of most of a device's datagrams.
 pub(crate) const ECT0: u8 = 0b10;
 
-/// Makes `tos` the IP TOS byte (IPv6 traffic class) of a socket's datagrams that do not
-/// say otherwise; returns the socket's default after the attempt.
-pub(crate) fn set_default_tos(fd: RawFd, ipv6: bool, tos: u8) -> u8 {
-    let (level, name) =
-        if ipv6 { (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) } else { (libc::IPPROTO_IP, libc::IP_TOS) };
-    setsockopt_int(fd, level, name, tos.into());
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: a pointer to a live c_int and its size.
-    let ok = unsafe { libc::getsockopt(fd, level, name, (&mut v as *mut libc::c_int).cast(), &mut len) } == 0;
-    if ok {
-        u8::try_from(v).unwrap_or(0)
-    } else {
-        0
-    }
-}
-
 /// Turns on UDP GRO for a socket; false if the kernel has none.
 pub(crate) fn enable_gro(fd: RawFd) -> bool {
     setsockopt_int(fd, libc::SOL_UDP, UDP_GRO, 1)
