@@ -167,3 +167,47 @@ fn a_synchronous_server_and_an_asynchronous_client_connect_through_the_c_structu
         rdma_destroy_event_channel(ch);
     }
 }
+
+#[test]
+fn a_channel_destroyed_under_a_waiting_thread_leaves_later_channels_alone() {
+    // rping's event thread still waits in rdma_get_cm_event when the program destroys the
+    // channel and ends. That thread must neither wake into freed memory (it crashed rping
+    // now and then) nor wait on a channel made later in the freed one's place.
+    // SAFETY: the C API used as documented, but for the destroy under a waiting thread,
+    // which is what this tests.
+    unsafe {
+        let ch1 = rdma_create_event_channel();
+        assert!(!ch1.is_null());
+        let ch1_addr = ch1 as usize;
+        let _waiter = std::thread::spawn(move || {
+            let mut ev: *mut rdma_cm_event = ptr::null_mut();
+            // No event ever comes on the first channel: this waits for good.
+            rdma_get_cm_event(ch1_addr as *mut rdma_event_channel, &mut ev);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        rdma_destroy_event_channel(ch1);
+        // A new channel, likely in the freed one's memory, gets an event.
+        let ch2 = rdma_create_event_channel();
+        assert!(!ch2.is_null());
+        let mut id: *mut rdma_cm_id = ptr::null_mut();
+        assert_eq!(rdma_create_id(ch2, &mut id, ptr::null_mut(), RDMA_PS_TCP), 0);
+        let mut src = sockaddr("127.0.7.5:0");
+        let mut dst = sockaddr("127.0.7.6:7491");
+        assert_eq!(rdma_resolve_addr(id, (&raw mut src).cast(), (&raw mut dst).cast(), 2000), 0);
+        // Past the waiting thread's one-second turn, then the event must still be there.
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let flags = libc::fcntl((*ch2).fd, libc::F_GETFL);
+        assert_eq!(libc::fcntl((*ch2).fd, libc::F_SETFL, flags | libc::O_NONBLOCK), 0);
+        let mut ev: *mut rdma_cm_event = ptr::null_mut();
+        assert_eq!(
+            rdma_get_cm_event(ch2, &mut ev),
+            0,
+            "the address resolution's event was taken: errno {}",
+            errno()
+        );
+        assert_eq!((*ev).id, id);
+        rdma_ack_cm_event(ev);
+        rdma_destroy_id(id);
+        rdma_destroy_event_channel(ch2);
+    }
+}

@@ -817,11 +817,16 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     // SAFETY: a channel of ours.
     let ch = unsafe { chan_of(channel) };
     let nonblock = nonblocking(ch.ibv.fd);
+    // The runtime channel is shared, and this call keeps its own handle while it waits: a
+    // program may destroy the channel while one of its threads still waits on it (rping's
+    // event thread does, as the program ends), and that thread must not wake into freed
+    // memory when its wait times out.
+    let rt = ch.rt.clone();
     ret(guard(Err(libc::EINVAL), || loop {
         let ev = if nonblock {
-            ch.rt.try_get_event().ok_or(libc::EAGAIN)?
+            rt.try_get_event().ok_or(libc::EAGAIN)?
         } else {
-            match ch.rt.get_event_timeout(Duration::from_secs(1)) {
+            match rt.get_event_timeout(Duration::from_secs(1)) {
                 Some(ev) => ev,
                 None => continue,
             }
