@@ -208,11 +208,14 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     // SAFETY: its context is live.
     let ctx = unsafe { Ctx::from_ibv(ch.ibv.context) };
     let nonblock = nonblocking(ch.ibv.fd);
+    // Waits on a handle of its own, as rdma_get_cm_event does: a channel destroyed while
+    // this thread waits must not leave it in freed memory.
+    let rt = ch.rt.clone();
     loop {
         let got = if nonblock {
-            ch.rt.try_get_event().ok_or(libc::EAGAIN)
+            rt.try_get_event().ok_or(libc::EAGAIN)
         } else {
-            ch.rt.get_event().map_err(|e| e.errno())
+            rt.get_event().map_err(|e| e.errno())
         };
         match got {
             Ok(rt) => {
