@@ -33,6 +33,10 @@ extern "C" {
     fn ibv_modify_qp(qp: *mut ibv_qp, a: *mut ibv_qp_attr, mask: c_int) -> c_int;
     fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int;
     fn ibv_wc_status_str(s: c_int) -> *const std::ffi::c_char;
+    fn ibv_create_comp_channel(c: *mut ibv_context) -> *mut ibv_comp_channel;
+    fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int;
+    fn ibv_get_cq_event(ch: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, ctx: *mut *mut c_void) -> c_int;
+    fn ibv_ack_cq_events(cq: *mut ibv_cq, n: u32);
 }
 
 const STATE: c_int = 1;
@@ -463,6 +467,70 @@ fn inline_sends_carry_the_bytes_of_unregistered_memory_as_they_were_at_post() {
         assert_eq!(ibv_destroy_qp(a), 0);
         assert_eq!(ibv_destroy_qp(b), 0);
         assert_eq!(ibv_dereg_mr(mr_dst), 0);
+        assert_eq!(ibv_destroy_cq(f.cq), 0);
+        assert_eq!(ibv_dealloc_pd(f.pd), 0);
+        assert_eq!(ibv_close_device(f.ctx), 0);
+    }
+}
+
+#[test]
+fn a_completion_channel_destroyed_under_a_waiting_thread_leaves_later_channels_alone() {
+    // The completion-channel twin of rdma_get_cm_event's case (tests/rdmacm.rs): a thread
+    // still waits in ibv_get_cq_event when the program destroys the channel. It must
+    // neither wake into freed memory nor take the events of a channel made later in the
+    // freed one's place.
+    // SAFETY: the C API used as documented, but for the destroy under a waiting thread,
+    // which is what this tests.
+    unsafe {
+        let f = open();
+        let ch1 = ibv_create_comp_channel(f.ctx);
+        assert!(!ch1.is_null());
+        let ch1_addr = ch1 as usize;
+        let _waiter = std::thread::spawn(move || {
+            let (mut cq, mut cq_ctx) = (ptr::null_mut(), ptr::null_mut());
+            // No CQ ever reports to the first channel: this waits for good.
+            ibv_get_cq_event(ch1_addr as *mut ibv_comp_channel, &mut cq, &mut cq_ctx);
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(ibv_destroy_comp_channel(ch1), 0);
+        // A new channel, likely in the freed one's memory, with a CQ armed on it.
+        let ch2 = ibv_create_comp_channel(f.ctx);
+        assert!(!ch2.is_null());
+        let cq = ibv_create_cq(f.ctx, 16, 0x5eed as *mut c_void, ch2.cast(), 0);
+        assert!(!cq.is_null());
+        assert_eq!((*f.ctx).ops.req_notify_cq.unwrap()(cq, 0), 0);
+        let g = Fixture { ctx: f.ctx, pd: f.pd, cq };
+        let (a, b) = (rc_qp(&g, 4), rc_qp(&g, 4));
+        connect(&g, a, (*b).qp_num);
+        connect(&g, b, (*a).qp_num);
+        let mut buf = vec![0u8; 64];
+        let mr = ibv_reg_mr(f.pd, buf.as_mut_ptr().cast(), buf.len(), 1);
+        let mut rsge = ibv_sge { addr: buf.as_ptr() as u64 + 32, length: 32, lkey: (*mr).lkey };
+        let mut rwr = ibv_recv_wr { wr_id: 1, next: ptr::null_mut(), sg_list: &mut rsge, num_sge: 1 };
+        assert_eq!(post_recv(b, &mut rwr), 0);
+        let mut sge = ibv_sge { addr: buf.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
+        let mut wr = send_wr(2, &mut sge, IBV_WR_SEND);
+        assert_eq!(post_send(a, &mut wr).0, 0);
+        // Past the waiting thread's one-second turn, then the event must still be there.
+        std::thread::sleep(Duration::from_millis(1500));
+        let fd = (*ch2).fd;
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK), 0);
+        let (mut got, mut got_ctx) = (ptr::null_mut(), ptr::null_mut());
+        assert_eq!(
+            ibv_get_cq_event(ch2, &mut got, &mut got_ctx),
+            0,
+            "the completion's event was taken: errno {}",
+            errno()
+        );
+        assert_eq!((got, got_ctx as usize), (cq, 0x5eed));
+        ibv_ack_cq_events(cq, 1);
+        assert_eq!(poll(cq, 2).len(), 2);
+        assert_eq!(ibv_destroy_qp(a), 0);
+        assert_eq!(ibv_destroy_qp(b), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_destroy_comp_channel(ch2), 0);
         assert_eq!(ibv_destroy_cq(f.cq), 0);
         assert_eq!(ibv_dealloc_pd(f.pd), 0);
         assert_eq!(ibv_close_device(f.ctx), 0);
