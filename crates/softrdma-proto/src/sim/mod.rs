@@ -83,7 +83,17 @@ pub struct Sim {
     /// Packets each node may send per step, so that one busy sender cannot starve the
     /// others within an instant.
     pub burst: usize,
+    /// The instant at which the simulation stopped because a timer stayed due after it
+    /// was handled, with nothing else happening (see [`STUCK_STEPS`]).
+    pub stuck: Option<Duration>,
+    /// Steps in a row that only ran timers, one of which stayed due.
+    spins: u32,
 }
+
+/// Steps in a row at one instant that only run timers while one of them stays due, after
+/// which [`Sim::step`] reports nothing happening: a timer that its handling never clears
+/// (a bug) would otherwise spin the simulation at one virtual instant for good.
+pub const STUCK_STEPS: u32 = 10_000;
 
 impl Sim {
     /// `n` nodes on a network with `imp`, everything seeded from `seed`.
@@ -94,7 +104,7 @@ impl Sim {
                 mem: SimMemory::new(seed ^ (0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i as u64 + 1))),
             })
             .collect();
-        Sim { now: Duration::ZERO, nodes, net: Network::new(seed, imp), buf: vec![0u8; 8192], burst: 64 }
+        Sim { now: Duration::ZERO, nodes, net: Network::new(seed, imp), buf: vec![0u8; 8192], burst: 64, stuck: None, spins: 0 }
     }
 
     /// The address of node `i`.
@@ -102,9 +112,14 @@ impl Sim {
         SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, (i >> 8) as u8, (i & 0xFF) as u8 + 1)), ROCEV2_PORT)
     }
 
-    /// One round at the current time. Returns whether anything happened.
+    /// One round at the current time. Returns whether anything happened (false too once
+    /// the simulation is [`stuck`](Sim::stuck)).
     pub fn step(&mut self) -> bool {
+        if self.stuck.is_some() {
+            return false;
+        }
         let mut busy = false;
+        let mut timers = false;
         while let Some(d) = self.net.poll(self.now) {
             busy = true;
             if let Some(node) = self.nodes.iter_mut().find(|n| n.endpoint.local() == d.to) {
@@ -115,7 +130,7 @@ impl Sim {
         for node in &mut self.nodes {
             if node.endpoint.poll_timeout().is_some_and(|t| t <= self.now) {
                 node.endpoint.handle_timeout(self.now);
-                busy = true;
+                timers = true;
             }
         }
         for node in &mut self.nodes {
@@ -126,7 +141,20 @@ impl Sim {
                 busy = true;
             }
         }
-        busy
+        if timers && !busy {
+            let now = self.now;
+            if self.nodes.iter_mut().any(|n| n.endpoint.poll_timeout().is_some_and(|t| t <= now)) {
+                self.spins += 1;
+                if self.spins >= STUCK_STEPS {
+                    tracing::error!(?now, "simulation stuck: a timer stays due after it was handled");
+                    self.stuck.get_or_insert(now);
+                    return false;
+                }
+                return true;
+            }
+        }
+        self.spins = 0;
+        busy || timers
     }
 
     /// The time of the next event (a delivery or a timer), if any.
@@ -137,8 +165,11 @@ impl Sim {
     }
 
     /// Steps, or when nothing happens now, moves the clock to the next event. Returns false
-    /// when there is nothing left to do at all.
+    /// when there is nothing left to do at all, or the simulation is [`stuck`](Sim::stuck).
     pub fn advance(&mut self) -> bool {
+        if self.stuck.is_some() {
+            return false;
+        }
         if self.step() {
             return true;
         }

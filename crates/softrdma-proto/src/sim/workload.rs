@@ -639,7 +639,10 @@ impl Run {
                 let stuck = self.ops.len() as u64;
                 self.problem(
                     false,
-                    format!("{stuck} operations never completed (virtual time {:?})", self.sim.now),
+                    match self.sim.stuck {
+                        Some(t) => format!("{stuck} operations never completed: virtual time stuck at {t:?} (a timer stays due)"),
+                        None => format!("{stuck} operations never completed (virtual time {:?})", self.sim.now),
+                    },
                 );
                 self.report.status_errors += stuck.saturating_sub(1);
                 break;
