@@ -120,23 +120,66 @@ pub(crate) fn mark(stage: Stage) {
             c.last = None;
             c.chains += 1;
             if c.chains == REPORT_EVERY {
-                let rate = ticks_per_ns(now);
-                let parts: Vec<String> = (1..N)
-                    .filter(|&s| c.count[s] > 0)
-                    .map(|s| {
-                        let per_chain = c.sum[s] as f64 / rate / c.chains as f64;
-                        format!("{} {:.0}", NAMES[s], per_chain)
-                    })
-                    .collect();
-                let total: u64 = c.sum.iter().sum();
-                eprintln!(
-                    "stages (ns per turnaround, {} turnarounds): {}; total {:.0}",
-                    c.chains,
-                    parts.join(", "),
-                    total as f64 / rate / c.chains as f64
-                );
+                eprintln!("{}", summary(&c, ticks_per_ns(now)));
                 *c = Chain { last: None, sum: [0; N], count: [0; N], chains: 0 };
             }
         }
     });
+}
+
+/// The report line of a chain set: each stage's mean in nanoseconds per turnaround, at
+/// `rate` counter ticks per nanosecond.
+fn summary(c: &Chain, rate: f64) -> String {
+    let parts: Vec<String> = (1..N)
+        .filter(|&s| c.count[s] > 0)
+        .map(|s| format!("{} {:.0}", NAMES[s], c.sum[s] as f64 / rate / c.chains as f64))
+        .collect();
+    let total: u64 = c.sum.iter().sum();
+    format!(
+        "stages (ns per turnaround, {} turnarounds): {}; total {:.0}",
+        c.chains,
+        parts.join(", "),
+        total as f64 / rate / c.chains as f64
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_runs_from_a_receive_to_the_next_send_and_reports_every_so_often() {
+        mark(Stage::Polled); // no chain open: charged to nothing
+        mark(Stage::Received);
+        mark(Stage::PacketIn);
+        mark(Stage::PacketHandled);
+        mark(Stage::Sending);
+        mark(Stage::Polled); // after the send: no chain open
+        CHAIN.with(|c| {
+            let c = c.borrow();
+            assert_eq!((c.chains, c.last), (1, None));
+            let charged: Vec<usize> = (0..N).filter(|&s| c.count[s] > 0).collect();
+            let want = [Stage::PacketIn, Stage::PacketHandled, Stage::Sending].map(|s| s as usize);
+            assert_eq!(charged, want);
+        });
+        // The report comes after REPORT_EVERY chains, and the counts start over.
+        for _ in 1..REPORT_EVERY {
+            mark(Stage::Received);
+            mark(Stage::Sending);
+        }
+        CHAIN.with(|c| assert_eq!((c.borrow().chains, c.borrow().count), (0, [0; N])));
+    }
+
+    #[test]
+    fn the_report_gives_each_stage_its_mean_per_turnaround() {
+        let mut c = Chain { last: None, sum: [0; N], count: [0; N], chains: 4 };
+        c.sum[Stage::PacketIn as usize] = 1_000;
+        c.count[Stage::PacketIn as usize] = 4;
+        c.sum[Stage::Sending as usize] = 3_000;
+        c.count[Stage::Sending as usize] = 4;
+        assert_eq!(
+            summary(&c, 2.0),
+            "stages (ns per turnaround, 4 turnarounds): packet in 125, sending 375; total 500"
+        );
+    }
 }

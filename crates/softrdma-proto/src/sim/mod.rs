@@ -104,7 +104,15 @@ impl Sim {
                 mem: SimMemory::new(seed ^ (0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i as u64 + 1))),
             })
             .collect();
-        Sim { now: Duration::ZERO, nodes, net: Network::new(seed, imp), buf: vec![0u8; 8192], burst: 64, stuck: None, spins: 0 }
+        Sim {
+            now: Duration::ZERO,
+            nodes,
+            net: Network::new(seed, imp),
+            buf: vec![0u8; 8192],
+            burst: 64,
+            stuck: None,
+            spins: 0,
+        }
     }
 
     /// The address of node `i`.
