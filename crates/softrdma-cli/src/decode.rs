@@ -165,13 +165,38 @@ fn decode_frame(
         s.other += 1;
         return;
     }
-    s.packets += 1;
     let src = SocketAddr::new(dgram.ip.src(), dgram.udp.src_port);
     let dst = SocketAddr::new(dgram.ip.dst(), dgram.udp.dst_port);
-    let parsed = Packet::new_checked(dgram.payload).and_then(|p| Ok((PacketRepr::parse(&p)?, p)));
+    let encap = dgram.encap();
+    let at = Where { file, frame: frame.number, src, dst, encap: &encap };
+    // A request with the ACK that softrdma bundles into its datagram (between softrdma
+    // peers): the two packets, each checked as if it had come alone.
+    if let Some((request, ack)) = wire::bundle::split(dgram.payload) {
+        decode_packet(&at, request, json, s, out);
+        out.push('\n');
+        decode_packet(&at, ack, json, s, out);
+        return;
+    }
+    decode_packet(&at, dgram.payload, json, s, out);
+}
+
+/// Where a packet was found: its file, frame, addresses and encapsulation.
+struct Where<'a> {
+    file: &'a str,
+    frame: usize,
+    src: SocketAddr,
+    dst: SocketAddr,
+    encap: &'a icrc::Encap,
+}
+
+/// Decodes one packet (a datagram's payload, or one packet of a bundle).
+fn decode_packet(at: &Where<'_>, payload: &[u8], json: bool, s: &mut Summary, out: &mut String) {
+    let Where { file, frame: number, src, dst, encap } = *at;
+    s.packets += 1;
+    let parsed = Packet::new_checked(payload).and_then(|p| Ok((PacketRepr::parse(&p)?, p)));
     let verdict = match &parsed {
         Err(e) => Verdict::Malformed(e.clone()),
-        Ok((_, p)) if icrc::verify(&dgram.encap(), p.as_bytes()) => Verdict::Ok,
+        Ok((_, p)) if icrc::verify(encap, p.as_bytes()) => Verdict::Ok,
         Ok(_) => Verdict::Bad,
     };
     match verdict {
@@ -187,7 +212,7 @@ fn decode_frame(
         };
         let j = JsonPacket {
             file,
-            frame: frame.number,
+            frame: number,
             src,
             dst,
             opcode: pkt.map(|p| p.opcode().code()),
@@ -208,7 +233,7 @@ fn decode_frame(
         out.push_str(&serde_json::to_string(&j).unwrap_or_default());
         return;
     }
-    let _ = write!(out, "{:>5} {src} > {dst} ", frame.number);
+    let _ = write!(out, "{number:>5} {src} > {dst} ");
     match (&parsed, &verdict) {
         (Ok((repr, p)), _) => {
             text_line(out, repr, p);

@@ -146,7 +146,14 @@ impl Relay {
                     if let (Some(old), Some(new)) =
                         (icrc::Encap::new(src, in_side), icrc::Encap::new(out_side, dst))
                     {
-                        if icrc::repatch(&old, &new, &mut pkt) {
+                        // A bundle (softrdma's request with its ACK) carries two ICRCs.
+                        let repatched = match softrdma_proto::wire::bundle::split_mut(&mut pkt) {
+                            Some((request, ack)) => {
+                                icrc::repatch(&old, &new, request) & icrc::repatch(&old, &new, ack)
+                            }
+                            None => icrc::repatch(&old, &new, &mut pkt),
+                        };
+                        if repatched {
                             self.stats.repatched += 1;
                         }
                     }

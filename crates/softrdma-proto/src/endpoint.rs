@@ -33,7 +33,8 @@ use crate::memory::{Memory, PdId};
 use crate::qp::{QpConfig, QpType, QueuePair, Srq, SrqId, Transmit};
 use crate::wire::mad::MAD_LEN;
 use crate::wire::{
-    icrc, pkey_match, BthRepr, DethRepr, Opcode, Operation, Packet, PacketRepr, Transport, DEFAULT_PKEY,
+    bundle, icrc, pkey_match, BthRepr, DethRepr, Opcode, Operation, Packet, PacketRepr, Transport,
+    DEFAULT_PKEY,
 };
 use crate::{Psn, Qkey, Qpn};
 
@@ -66,6 +67,9 @@ pub struct EndpointStats {
     pub mcast_unattached: u64,
     /// Copies of multicast packets handed to attached QPs (one per QP per packet).
     pub mcast_delivered: u64,
+    /// Datagrams that carried a request and its ACK (see [`crate::wire::bundle`]), each
+    /// handled as two packets.
+    pub bundles: u64,
 }
 
 /// Most QPs of one endpoint attached to one multicast group (rxe: 56).
@@ -413,8 +417,27 @@ impl Endpoint {
 
     /// Handles one datagram that arrived as `arrival` says.
     pub fn handle_datagram(&mut self, now: Duration, arrival: Arrival, bytes: &[u8], mem: &mut dyn Memory) {
-        let Arrival { src, dst, tos } = arrival;
         self.stats.received += 1;
+        // A request with the ACK it carries (see `wire::bundle`): two packets, in order,
+        // each checked as if it had come alone. Only for a QP whose peer is softrdma: for
+        // any other the flag is a reserved bit, ignored.
+        if let Some((request, ack)) = bundle::split(bytes) {
+            let ours = bundle::dest_qpn(bytes)
+                .and_then(|qpn| self.qps.get(&qpn))
+                .is_some_and(|s| !s.qp.foreign_peer());
+            if ours {
+                self.stats.bundles += 1;
+                self.handle_packet_bytes(now, arrival, request, mem);
+                self.handle_packet_bytes(now, arrival, ack, mem);
+                return;
+            }
+        }
+        self.handle_packet_bytes(now, arrival, bytes, mem);
+    }
+
+    /// One packet of a datagram.
+    fn handle_packet_bytes(&mut self, now: Duration, arrival: Arrival, bytes: &[u8], mem: &mut dyn Memory) {
+        let Arrival { src, dst, tos } = arrival;
         let Some(encap) = icrc::Encap::new(src, dst) else {
             tracing::debug!(%src, "dropped: IPv4 and IPv6 mixed");
             self.stats.malformed += 1;
@@ -520,7 +543,7 @@ impl Endpoint {
                 head_len: len,
                 payload: crate::memory::Segments::Empty,
                 pd: PdId(0),
-                tail: [0; 7],
+                tail: [0; crate::qp::TAIL_ROOM],
                 tail_len: 0,
                 alone: true,
                 tos: 0,

@@ -8,7 +8,9 @@
 //! the wire carries — IPv4 Identification 0 and DF as softrdma sends (received packets get
 //! the same, the kernel hiding the real ones), the TOS byte, UDP checksum 0 over IPv4 and
 //! the real one over IPv6 — so the ICRCs of softrdma's packets check in the capture. A GSO
-//! train is written as the datagrams it becomes on the wire. The file is bounded: writing
+//! train is written as the datagrams it becomes on the wire; a request and the ACK
+//! bundled into its datagram (`softrdma_proto::wire::bundle`) as two datagrams, the two
+//! packets the peer handles, so that tools that know only the IBTA's framing check both. The file is bounded: writing
 //! stops at `SOFTRDMA_PCAP_MAX` bytes (default 64 MiB), with one line on standard error.
 
 use std::fs::File;
@@ -73,6 +75,11 @@ impl Capture {
 
     /// Writes one datagram (`roce`: the UDP payload) from `src` to `dst` with IP TOS `tos`.
     pub(crate) fn packet(&mut self, src: SocketAddr, dst: SocketAddr, tos: u8, roce: &[u8]) {
+        if let Some((request, ack)) = softrdma_proto::wire::bundle::split(roce) {
+            self.packet(src, dst, tos, request);
+            self.packet(src, dst, tos, ack);
+            return;
+        }
         if self.full {
             return;
         }

@@ -41,7 +41,8 @@ const GSO_MAX_BYTES: usize = 65_000;
 /// Room per outgoing packet: headers and inline data, then the tail, then a bounce buffer
 /// for payloads split in more pieces than an iovec array holds.
 const HEAD: usize = 1024;
-const TAIL: usize = 8;
+const TAIL: usize = 32;
+const _: () = assert!(softrdma_proto::qp::TAIL_ROOM <= TAIL);
 const BOUNCE: usize = 4096 + 8;
 const SLOT: usize = HEAD + TAIL + BOUNCE;
 /// The longest the progress thread sleeps: timers due later than its wake-up need no

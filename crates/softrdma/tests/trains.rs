@@ -241,11 +241,11 @@ fn a_burst_posted_before_the_poller_leaves_is_still_sent() {
 }
 
 #[test]
-fn a_pong_and_its_pings_ack_leave_as_one_train() {
+fn a_pong_carries_its_pings_ack_in_one_datagram() {
     let _serial = serial();
     // A ping-pong of 64-byte SENDs: each side's QP talks back, so the ACK of a ping waits
-    // for the pong and leaves with it, one GSO train of two packets (the pong first, the
-    // shorter ACK last, both ECT(0)); the other side receives it as one GRO train.
+    // for the pong and leaves in its datagram (a bundle, `softrdma_proto::wire::bundle`),
+    // which the other side splits into the two packets.
     let (a, b) = pair(22, 23, Access::NONE);
     let rounds = 200;
     for k in 0..rounds {
@@ -276,12 +276,20 @@ fn a_pong_and_its_pings_ack_leave_as_one_train() {
             assert_eq!((wc.wr_id, wc.status), (k, WcStatus::Success));
         }
     }
-    let (sa, sb) = (a.ctx.io_stats(), b.ctx.io_stats());
+    let (ea, eb) = (a.ctx.endpoint_stats(), b.ctx.endpoint_stats());
     // Not every ACK makes it (one whose pong comes later than the ACK delay goes alone:
-    // a debug build on a busy machine misses it often), but many do: without the trains
-    // both counts are 0.
-    assert!(sb.gso_trains >= rounds / 8, "{sb:?}");
-    assert!(sa.gro_trains >= rounds / 8, "{sa:?}");
+    // a debug build on a busy machine misses it often), but many do; without bundles the
+    // count is 0. Each bundle is one datagram, and its two packets were both handled:
+    // every message and every ACK arrived (the completions above), with fewer datagrams
+    // than packets.
+    assert!(ea.bundles >= rounds / 8, "{ea:?}");
+    let ib = b.ctx.io_stats();
+    assert!(
+        ib.packets_sent < 2 * rounds,
+        "b sent {} datagrams for {rounds} pongs and their ACKs",
+        ib.packets_sent
+    );
+    assert_eq!((ea.icrc_errors, ea.malformed, eb.icrc_errors, eb.malformed), (0, 0, 0, 0));
 }
 
 #[test]

@@ -42,7 +42,7 @@ pub use srq::{Srq, SrqId};
 pub use wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::memory::{Access, Memory, PdId, Segment, Segments};
-use crate::wire::{icrc, Packet, PacketRepr, ICRC_LEN};
+use crate::wire::{bundle, icrc, Packet, PacketRepr, ICRC_LEN};
 use crate::{Psn, Qkey, Qpn};
 
 /// Largest message softrdma sends or accepts (as current rxe): 2^31 bytes.
@@ -135,6 +135,9 @@ pub enum PostError {
     InlineFault,
 }
 
+/// Room for a [`Transmit`]'s tail: pad (3 at most), ICRC, and a bundled ACK.
+pub const TAIL_ROOM: usize = 3 + ICRC_LEN + crate::wire::bundle::BUNDLED_ACK_LEN;
+
 /// A packet ready to go: headers in the caller's buffer, payload in registered memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transmit {
@@ -147,8 +150,9 @@ pub struct Transmit {
     pub payload: Segments,
     /// The protection domain the segments belong to.
     pub pd: PdId,
-    /// Pad bytes and ICRC, to append after the payload.
-    pub tail: [u8; 7],
+    /// Pad bytes and ICRC, to append after the payload, and a bundled ACK if one rides
+    /// along (see [`crate::wire::bundle`]).
+    pub tail: [u8; TAIL_ROOM],
     /// Used length of `tail`.
     pub tail_len: usize,
     /// Send this datagram on its own (not in a GSO train): its peer checks the ICRC
@@ -229,6 +233,8 @@ pub struct QpStats {
     pub sacks_sent: u64,
     /// SACKs received.
     pub sacks_received: u64,
+    /// Positive ACKs sent in the datagram of a request (see [`crate::wire::bundle`]).
+    pub acks_bundled: u64,
 }
 
 struct SendWqe {
@@ -306,6 +312,9 @@ pub struct QueuePair {
     selective: bool,
     /// The request just returned left its waiting ACK to come next (`take_ack_follows`).
     ack_follows: bool,
+    /// The request being built may carry the waiting ACK in its datagram: `finish_packet`
+    /// flags it if it leaves room (see [`crate::wire::bundle`]).
+    bundling: bool,
     /// While a multicast packet is handled: the group it was sent to (the destination in
     /// the receive buffer's GRH area).
     mcast_dst: Option<IpAddr>,
@@ -354,6 +363,7 @@ impl QueuePair {
             foreign_peer: false,
             selective: false,
             ack_follows: false,
+            bundling: false,
         }
     }
 
@@ -793,15 +803,23 @@ impl QueuePair {
     pub fn poll_transmit(&mut self, now: Duration, buf: &mut [u8], mem: &dyn Memory) -> Option<Transmit> {
         let peer = !self.foreign_peer && self.cfg.qp_type != QpType::Ud;
         // Towards a softrdma peer, a request that is ready goes before the lone positive ACK
-        // that waited for it, and the ACK right after (`ack_follows`): the shorter packet
-        // last, so that the two leave as one GSO train (one datagram through the kernel on
-        // each side, as a pong that carries its ping's ACK). Not before a zero-length
-        // SEND, the one request shorter than an ACK.
+        // that waited for it, and the ACK with it: in the same datagram, after the request
+        // (a bundle, see `wire::bundle`: a pong that carries its ping's ACK), or where the
+        // request leaves no room for it, right after it (`ack_follows`), the shorter packet
+        // last, so that the two leave as one GSO train. Not before a zero-length SEND, the
+        // one request shorter than an ACK.
         if peer && self.resp.ack_may_wait(now) && self.requests_ready() && !self.next_is_empty_send() {
-            if let Some(t) = self.next_request(now, buf, mem) {
+            self.bundling = true;
+            let t = self.next_request(now, buf, mem);
+            self.bundling = false;
+            if let Some(mut t) = t {
                 self.req.last_request = Some(now);
                 self.resp.ack_now();
-                self.ack_follows = true;
+                if buf.get(bundle::FLAG_BYTE).is_some_and(|b| b & bundle::BUNDLED_ACK != 0) {
+                    self.append_ack(now, &mut t, mem);
+                } else {
+                    self.ack_follows = true;
+                }
                 return Some(t);
             }
         }
@@ -826,6 +844,30 @@ impl QueuePair {
             self.req.last_request = Some(now);
         }
         t
+    }
+
+    /// Appends the positive ACK that waits (and that `poll_transmit` found alone in the
+    /// queue of answers) to the request `t`, flagged for it by `finish_packet`.
+    fn append_ack(&mut self, now: Duration, t: &mut Transmit, mem: &dyn Memory) {
+        let mut head = [0u8; 32];
+        let ack = self.next_response(now, &mut head, mem);
+        let room = t.tail.len() - t.tail_len;
+        match ack {
+            Some(a)
+                if a.payload.is_empty()
+                    && a.head_len + a.tail_len == bundle::BUNDLED_ACK_LEN
+                    && room >= 20 =>
+            {
+                let at = t.tail_len;
+                t.tail[at..at + a.head_len].copy_from_slice(&head[..a.head_len]);
+                t.tail[at + a.head_len..at + 20].copy_from_slice(&a.tail[..a.tail_len]);
+                t.tail_len += bundle::BUNDLED_ACK_LEN;
+                self.stats.acks_bundled += 1;
+            }
+            // Cannot happen (the only answer waiting was a positive ACK): the peer splits
+            // nothing off the request, whose ICRC then fails; its resend goes alone.
+            _ => tracing::error!(qpn = self.qpn.get(), "a request flagged for an ACK went without it"),
+        }
     }
 
     /// Whether the packet just returned by `poll_transmit` was a request with the ACK that
@@ -949,13 +991,17 @@ impl QueuePair {
         } else {
             (head_len, payload, pad)
         };
+        if self.bundling && total + bundle::BUNDLED_ACK_LEN <= 12 + self.mtu.bytes() as usize + ICRC_LEN {
+            // Room for the waiting ACK in this datagram (see `wire::bundle`).
+            buf[bundle::FLAG_BYTE] |= bundle::BUNDLED_ACK;
+        }
         let (bth, rest) = buf[..head_len].split_first_chunk::<12>().ok_or(crate::memory::MemError::BadKey)?;
         let mut h = icrc::IcrcHasher::with_bth(&encap, total, bth);
         h.update(rest);
         for seg in &payload {
             mem.gather(self.cfg.pd, seg, &mut |b| h.update(b))?;
         }
-        let mut tail = [0u8; 7];
+        let mut tail = [0u8; TAIL_ROOM];
         h.update(&tail[..tail_pad]);
         tail[tail_pad..tail_pad + ICRC_LEN].copy_from_slice(&h.finish().to_le_bytes());
         Ok(Transmit {

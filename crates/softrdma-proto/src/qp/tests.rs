@@ -406,9 +406,8 @@ fn the_probe_waits_for_a_peer_that_may_delay_its_ack() {
 
 #[test]
 fn an_ack_leaves_with_the_next_request_or_at_once_when_many_psns_are_owed() {
-    // A ping-pong: the pong and the ping's ACK go out together, the pong first and the
-    // ACK, the shorter packet, right after it, with the pong's ECN codepoint (ECT(0)): the
-    // runtime sends the two as one GSO train.
+    // A ping-pong: the pong carries the ping's ACK in its datagram (`wire::bundle`), with
+    // the pong's ECN codepoint (ECT(0)); each packet's ICRC is its own.
     let mut t = T::new(QpType::Rc);
     t.post(1, SendOp::Send, 0, 8);
     assert_eq!(ops(&t.out()), vec![(Operation::SendOnly, SQ)]);
@@ -417,6 +416,23 @@ fn an_ack_leaves_with_the_next_request_or_at_once_when_many_psns_are_owed() {
     t.post(2, SendOp::Send, 0, 8);
     let send = Opcode::from_parts(Transport::Rc, Operation::SendOnly).unwrap().code();
     let ack = Opcode::from_parts(Transport::Rc, Operation::Acknowledge).unwrap().code();
+    let tx = t.qp.poll_transmit(t.now, &mut t.buf, &t.mem).expect("the pong");
+    assert_eq!(tx.tos, 0b10);
+    let bytes = tx.assemble(&t.buf, &t.mem);
+    assert!(t.qp.poll_transmit(t.now, &mut t.buf, &t.mem).is_none(), "the ACK went with the pong");
+    let (request, with) = crate::wire::bundle::split(&bytes).expect("a bundle");
+    let encap = icrc::Encap::new(me(), peer()).unwrap();
+    for (part, code, psn) in [(request, send, SQ + 1), (with, ack, RQ)] {
+        let p = Packet::new_checked(part).unwrap();
+        assert_eq!((p.opcode().code(), p.bth().psn().get(), p.bth().dest_qp().get()), (code, psn, PEER_QPN));
+        assert!(icrc::verify(&encap, part));
+    }
+    assert_eq!(t.qp.stats().acks_bundled, 1);
+    // A request that leaves no room for the ACK in a datagram of the path MTU: the two go
+    // one after the other, the shorter ACK last, for the runtime to send as one GSO train.
+    t.request(Operation::RdmaWriteOnly, RQ + 1, BASE, &[1; 8]);
+    assert!(t.out().is_empty());
+    t.post(3, SendOp::Send, 0, 1024);
     assert_eq!(raw_out(&mut t), vec![(send, false, 0b10), (ack, false, 0b10)]);
     // Towards a foreign peer the wire stays as rxe's: the ACK first, not ECN-capable.
     let mut t = T::new(QpType::Rc);
@@ -845,11 +861,11 @@ impl Ep {
     }
 
     /// An 8-byte unsignaled SEND on QP `k`.
-    fn send(&mut self, k: usize, wr_id: u64) {
+    fn send(&mut self, k: usize, wr_id: u64, len: u32) {
         let wr = SendWr {
             wr_id,
             op: SendOp::Send,
-            sg_list: crate::sgl![Sge { addr: BASE, length: 8, lkey: self.lkey }],
+            sg_list: crate::sgl![Sge { addr: BASE, length: len, lkey: self.lkey }],
             flags: SendFlags::default(),
             ud: None,
         };
@@ -868,11 +884,12 @@ impl Ep {
 
 #[test]
 fn the_endpoint_keeps_a_request_and_its_following_ack_together() {
-    // Two QPs of one endpoint, each with a waiting ACK and a request ready: each request
-    // is followed by its own QP's ACK, not by the other QP's request.
+    // Two QPs of one endpoint, each with a waiting ACK and a request ready that leaves no
+    // room for it in its datagram: each request is followed by its own QP's ACK, not by
+    // the other QP's request.
     let mut e = Ep::new(2);
     for k in 0..2 {
-        e.send(k, 1);
+        e.send(k, 1, 8);
     }
     e.out();
     // A WRITE from the peer to each: their ACKs wait, for the QPs talk back.
@@ -889,7 +906,7 @@ fn the_endpoint_keeps_a_request_and_its_following_ack_together() {
     }
     assert!(e.out().is_empty(), "the ACKs wait");
     for k in 0..2 {
-        e.send(k, 2);
+        e.send(k, 2, 1024);
     }
     let order: Vec<(Operation, u32)> = e
         .out()
@@ -902,6 +919,7 @@ fn the_endpoint_keeps_a_request_and_its_following_ack_together() {
         vec![Operation::SendOnly, Operation::Acknowledge, Operation::SendOnly, Operation::Acknowledge],
         "{order:?}"
     );
+    assert!(order[0].1 == order[1].1 && order[2].1 == order[3].1 && order[0].1 != order[2].1, "{order:?}");
 }
 
 #[test]
@@ -932,7 +950,7 @@ fn the_endpoint_takes_ready_qps_in_turn() {
     let mut e = Ep::new(2);
     for k in 0..2 {
         for id in 0..3 {
-            e.send(k, id);
+            e.send(k, id, 8);
         }
     }
     let dests: Vec<u32> = e

@@ -17,6 +17,7 @@ mod aeth;
 mod atomic_ack_eth;
 mod atomic_eth;
 mod bth;
+pub mod bundle;
 mod cnp;
 mod deth;
 mod feth;
