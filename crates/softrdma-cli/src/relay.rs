@@ -146,14 +146,7 @@ impl Relay {
                     if let (Some(old), Some(new)) =
                         (icrc::Encap::new(src, in_side), icrc::Encap::new(out_side, dst))
                     {
-                        // A bundle (softrdma's request with its ACK) carries two ICRCs.
-                        let repatched = match softrdma_proto::wire::bundle::split_mut(&mut pkt) {
-                            Some((request, ack)) => {
-                                icrc::repatch(&old, &new, request) & icrc::repatch(&old, &new, ack)
-                            }
-                            None => icrc::repatch(&old, &new, &mut pkt),
-                        };
-                        if repatched {
+                        if repatch(&old, &new, &mut pkt) {
                             self.stats.repatched += 1;
                         }
                     }
@@ -225,4 +218,51 @@ pub fn run(args: &RelayArgs) -> i32 {
     let s = relay.run(&STOP, until);
     println!("received={} repatched={} {}", s.received, s.repatched, s.net);
     0
+}
+
+/// Moves a datagram's ICRCs from the encapsulation `old` to `new`: one, or two for a
+/// bundle (softrdma's request with the ACK it carries, `wire::bundle`).
+fn repatch(old: &icrc::Encap, new: &icrc::Encap, pkt: &mut [u8]) -> bool {
+    match softrdma_proto::wire::bundle::split_mut(pkt) {
+        Some((request, ack)) => icrc::repatch(old, new, request) & icrc::repatch(old, new, ack),
+        None => icrc::repatch(old, new, pkt),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softrdma_proto::wire::{bundle, AethRepr, AethSyndrome, BthRepr, Opcode, PacketRepr};
+    use softrdma_proto::{Psn, Qpn};
+
+    fn packet(opcode: u8, payload: &[u8], encap: &icrc::Encap, flags: u8) -> Vec<u8> {
+        let op = Opcode::new(opcode).unwrap();
+        let mut r = PacketRepr::new(BthRepr::new(op, Qpn::new(0x12), Psn::new(5)), payload.len());
+        if opcode == 0x11 {
+            r.ext.aeth = Some(AethRepr { syndrome: AethSyndrome::ACK, msn: 1 });
+        }
+        let mut buf = vec![0u8; 128];
+        let n = r.emit(&mut buf, payload, encap).unwrap();
+        buf.truncate(n);
+        buf[bundle::FLAG_BYTE] |= flags;
+        let crc = icrc::compute(encap, &buf[..n - 4]);
+        buf[n - 4..].copy_from_slice(&crc.to_le_bytes());
+        buf
+    }
+
+    #[test]
+    fn both_icrcs_of_a_bundle_move_to_the_relays_addresses() {
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let old = icrc::Encap::new(addr("127.0.8.3:4791"), addr("127.0.8.1:4791")).unwrap();
+        let new = icrc::Encap::new(addr("127.0.8.2:4791"), addr("127.0.8.4:4791")).unwrap();
+        let mut d = packet(0x04, b"12345678", &old, bundle::BUNDLED_ACK);
+        d.extend(packet(0x11, &[], &old, 0));
+        assert!(repatch(&old, &new, &mut d));
+        let (request, ack) = bundle::split(&d).expect("still a bundle");
+        assert!(icrc::verify(&new, request) && icrc::verify(&new, ack));
+        // A plain packet: its one ICRC.
+        let mut p = packet(0x04, b"12345678", &old, 0);
+        assert!(repatch(&old, &new, &mut p));
+        assert!(icrc::verify(&new, &p));
+    }
 }
