@@ -211,3 +211,38 @@ fn a_channel_destroyed_under_a_waiting_thread_leaves_later_channels_alone() {
         rdma_destroy_event_channel(ch2);
     }
 }
+
+#[test]
+fn ids_and_channels_destroyed_already_are_an_errno_not_a_crash() {
+    // Debian's perftest retries a rejected connection through IDs and a channel its
+    // clean-up destroyed: each such call must fail with EINVAL and touch no freed memory
+    // (a second destroy of a channel freed it twice).
+    // SAFETY: the C API used as documented, but for the handles used after their
+    // destruction, which is what this tests.
+    unsafe {
+        let ch = rdma_create_event_channel();
+        assert!(!ch.is_null());
+        let mut id: *mut rdma_cm_id = ptr::null_mut();
+        assert_eq!(rdma_create_id(ch, &mut id, ptr::null_mut(), RDMA_PS_TCP), 0);
+        assert_eq!(rdma_destroy_id(id), 0);
+        let dst = sockaddr("127.0.7.6:7491");
+        assert_eq!(rdma_resolve_addr(id, ptr::null_mut(), (&raw const dst).cast_mut().cast(), 100), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(rdma_destroy_id(id), -1, "destroyed twice");
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(rdma_get_src_port(id), 0);
+        rdma_destroy_ep(id);
+        rdma_destroy_event_channel(ch);
+        rdma_destroy_event_channel(ch);
+        let mut ev: *mut rdma_cm_event = ptr::null_mut();
+        assert_eq!(rdma_get_cm_event(ch, &mut ev), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(rdma_create_id(ch, &mut id, ptr::null_mut(), RDMA_PS_TCP), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        // Handles made afterwards work.
+        let ch = rdma_create_event_channel();
+        assert_eq!(rdma_create_id(ch, &mut id, ptr::null_mut(), RDMA_PS_TCP), 0);
+        assert_eq!(rdma_destroy_id(id), 0);
+        rdma_destroy_event_channel(ch);
+    }
+}

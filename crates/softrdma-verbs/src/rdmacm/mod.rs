@@ -28,7 +28,7 @@
 //! `RDMA_OPTION_ID_ACK_TIMEOUT` are accepted and recorded; the connection manager does
 //! not yet apply them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_void};
 use std::net::{IpAddr, SocketAddr};
 use std::ptr;
@@ -57,6 +57,40 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 fn ids() -> &'static Mutex<HashMap<usize, usize>> {
     static IDS: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
     IDS.get_or_init(Default::default)
+}
+
+/// The IDs and event channels handed out and not destroyed, by address. A call that names
+/// one not here (destroyed already, or never ours) fails with EINVAL instead of reading
+/// freed memory: Debian's perftest (4.5-0.17) retries a rejected rdma_cm connection
+/// through IDs its clean-up destroyed, read from an array it freed; rdma-core's calls then
+/// fail on the closed descriptor, and ours must not crash either. (An address reused by a
+/// new ID is that ID's: no library can tell the two apart.)
+struct Live {
+    ids: HashSet<usize>,
+    chans: HashSet<usize>,
+}
+
+fn live() -> &'static Mutex<Live> {
+    static LIVE: OnceLock<Mutex<Live>> = OnceLock::new();
+    LIVE.get_or_init(|| Mutex::new(Live { ids: HashSet::new(), chans: HashSet::new() }))
+}
+
+/// The ID `id` names, if it is live.
+fn live_id<'a>(id: *mut rdma_cm_id) -> Option<&'a mut Id> {
+    if id.is_null() || !lock(live()).ids.contains(&(id as usize)) {
+        return None;
+    }
+    // SAFETY: an ID of ours, not destroyed.
+    Some(unsafe { id_of(id) })
+}
+
+/// The channel `ch` names, if it is live.
+fn live_chan<'a>(ch: *mut rdma_event_channel) -> Option<&'a Chan> {
+    if ch.is_null() || !lock(live()).chans.contains(&(ch as usize)) {
+        return None;
+    }
+    // SAFETY: a channel of ours, not destroyed.
+    Some(unsafe { chan_of(ch) })
 }
 
 /// A device the CM opened: its `ibv_context` and default PD, kept for the process's life.
@@ -97,7 +131,9 @@ struct Chan {
 fn new_chan() -> Option<*mut rdma_event_channel> {
     let rt = EventChannel::new().ok()?;
     let c = Box::new(Chan { ibv: rdma_event_channel { fd: rt.fd() }, rt });
-    Some(Box::into_raw(c).cast())
+    let ch = Box::into_raw(c).cast();
+    lock(live()).chans.insert(ch as usize);
+    Some(ch)
 }
 
 /// # Safety
@@ -121,9 +157,10 @@ pub unsafe extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel 
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
-    if !channel.is_null() {
-        // SAFETY: a channel from rdma_create_event_channel; its IDs are gone (the caller's
-        // duty, as with rdma-core).
+    // A channel destroyed already (or never ours) is left alone.
+    if !channel.is_null() && lock(live()).chans.remove(&(channel as usize)) {
+        // SAFETY: a channel from rdma_create_event_channel, live until now; its IDs are
+        // gone (the caller's duty, as with rdma-core).
         drop(unsafe { Box::from_raw(channel.cast::<Chan>()) });
     }
 }
@@ -211,6 +248,7 @@ fn new_id(rt: CmId, channel: *mut rdma_event_channel, context: *mut c_void, sync
         mcast: Vec::new(),
     }));
     lock(ids()).insert(key, id as usize);
+    lock(live()).ids.insert(id as usize);
     id
 }
 
@@ -295,11 +333,7 @@ fn errno(e: softrdma::Error) -> c_int {
 
 /// Runs `f` on a live ID, turning a panic into EINVAL.
 fn with_id(id: *mut rdma_cm_id, f: impl FnOnce(&mut Id) -> Result<(), c_int>) -> c_int {
-    if id.is_null() {
-        return ret(Err(libc::EINVAL));
-    }
-    // SAFETY: an ID from rdma_create_id (the caller's contract).
-    let id = unsafe { id_of(id) };
+    let Some(id) = live_id(id) else { return ret(Err(libc::EINVAL)) };
     ret(guard(Err(libc::EINVAL), || f(id)))
 }
 
@@ -317,8 +351,7 @@ pub unsafe extern "C" fn rdma_create_id(
         }
         let (ch, sync) =
             if channel.is_null() { (new_chan().ok_or(libc::EMFILE)?, true) } else { (channel, false) };
-        // SAFETY: a channel of ours.
-        let rt = CmId::new(&unsafe { chan_of(ch) }.rt, ps);
+        let rt = CmId::new(&live_chan(ch).ok_or(libc::EINVAL)?.rt, ps);
         let new = new_id(rt, ch, context, sync);
         // SAFETY: the caller's out pointer.
         unsafe { *id = new.cast() };
@@ -338,6 +371,7 @@ fn drop_kept_event(id: &mut Id) {
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     with_id(id, |i| {
+        lock(live()).ids.remove(&(id as usize));
         drop_kept_event(i);
         let rt = i.rt.take().ok_or(libc::EINVAL)?;
         lock(ids()).remove(&rt.key());
@@ -638,8 +672,7 @@ pub unsafe extern "C" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma
         } else {
             (channel, false)
         };
-        // SAFETY: a channel of ours.
-        rt.migrate(&unsafe { chan_of(ch) }.rt);
+        rt.migrate(&live_chan(ch).ok_or(libc::EINVAL)?.rt);
         if i.sync {
             drop_kept_event(i);
             // SAFETY: the ID's own channel, now empty of its events.
@@ -681,21 +714,13 @@ pub unsafe extern "C" fn rdma_set_option(
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
-    if id.is_null() {
-        return 0;
-    }
-    // SAFETY: a live ID.
-    let i = unsafe { id_of(id) };
+    let Some(i) = live_id(id) else { return 0 };
     i.rt.as_ref().and_then(|r| r.local_addr()).map_or(0, |a| a.port().to_be())
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
-    if id.is_null() {
-        return 0;
-    }
-    // SAFETY: a live ID.
-    let i = unsafe { id_of(id) };
+    let Some(i) = live_id(id) else { return 0 };
     i.rt.as_ref().and_then(|r| r.peer_addr()).map_or(0, |a| a.port().to_be())
 }
 
@@ -814,8 +839,7 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     if channel.is_null() || event.is_null() {
         return ret(Err(libc::EINVAL));
     }
-    // SAFETY: a channel of ours.
-    let ch = unsafe { chan_of(channel) };
+    let Some(ch) = live_chan(channel) else { return ret(Err(libc::EINVAL)) };
     let nonblock = nonblocking(ch.ibv.fd);
     // The runtime channel is shared, and this call keeps its own handle while it waits: a
     // program may destroy the channel while one of its threads still waits on it (rping's
@@ -1200,11 +1224,7 @@ pub unsafe extern "C" fn rdma_create_ep(
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
-    if id.is_null() {
-        return;
-    }
-    // SAFETY: a live ID.
-    let i = unsafe { id_of(id) };
+    let Some(i) = live_id(id) else { return };
     if !i.ibv.qp.is_null() {
         // SAFETY: its QP.
         unsafe { rdma_destroy_qp(id) };
