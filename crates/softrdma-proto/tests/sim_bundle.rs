@@ -167,14 +167,37 @@ fn a_foreign_peer_never_sees_the_flag() {
 
 #[test]
 fn a_request_with_no_room_for_the_ack_goes_without_it() {
-    // A bundle is at most a full MIDDLE packet: BTH, 1024 bytes of payload, ICRC.
-    for (len, bundled) in [(1004, true), (1005, false), (1024, false)] {
+    // A bundle is at most a full MIDDLE packet: BTH, 1024 bytes of payload, ICRC. In a
+    // message of several packets the ACK rides with the last one if it has room, and goes
+    // right after it if not: never between the packets of a message.
+    for (len, bundled) in
+        [(1004, true), (1005, false), (1024, false), (2000, true), (2048, false), (3000, true)]
+    {
         let mut p = PingPong::new(Mtu::Mtu1024, false);
         let done = p.rounds(20, len);
         assert_all_done(&done, 20, len);
         let flagged = p.flagged();
         assert_eq!(flagged > 0, bundled, "{len}-byte messages: {flagged} flagged");
         assert!(p.sent.iter().all(|(_, d)| d.len() <= 12 + 1024 + 4), "{len}-byte messages");
+        let first_or_middle = |d: &[u8]| matches!(d[0], 0x00 | 0x01);
+        for w in p.sent.windows(2) {
+            let (a, b) = (&w[0].1, &w[1].1);
+            assert!(
+                !(w[0].0 == w[1].0 && first_or_middle(a) && b[0] == 0x11),
+                "{len}: an ACK inside a message"
+            );
+            if first_or_middle(a) {
+                assert_eq!(a[bundle::FLAG_BYTE] & bundle::BUNDLED_ACK, 0, "{len}: a FIRST or MIDDLE flagged");
+            }
+        }
+        // Each side's ACKs: all but the first and last ride along (bundled or right after
+        // the message), so 20 rounds take 40 messages and at most 2 lone ACKs beyond them.
+        let packets_per_message = len.div_ceil(1024) as usize;
+        let acks_alone = p.sent.iter().filter(|(_, d)| d[0] == 0x11).count();
+        assert_eq!(p.sent.len(), 40 * packets_per_message + acks_alone, "{len}");
+        if bundled {
+            assert!(acks_alone <= 2, "{len}: {acks_alone} ACKs alone");
+        }
     }
 }
 

@@ -804,22 +804,26 @@ impl QueuePair {
         let peer = !self.foreign_peer && self.cfg.qp_type != QpType::Ud;
         // Towards a softrdma peer, a request that is ready goes before the lone positive ACK
         // that waited for it, and the ACK with it: in the same datagram, after the request
-        // (a bundle, see `wire::bundle`: a pong that carries its ping's ACK), or where the
-        // request leaves no room for it, right after it (`ack_follows`), the shorter packet
-        // last, so that the two leave as one GSO train. Not before a zero-length SEND, the
-        // one request shorter than an ACK.
+        // (a bundle, see `wire::bundle`: a pong that carries its ping's ACK); where the
+        // packet leaves no room for it, with a later packet of the message, or right after
+        // the message's last packet (`ack_follows`), the shorter packet last, so that the
+        // packets leave as one GSO train. Not before a zero-length SEND, the one request
+        // shorter than an ACK.
         if peer && self.resp.ack_may_wait(now) && self.requests_ready() && !self.next_is_empty_send() {
             self.bundling = true;
             let t = self.next_request(now, buf, mem);
             self.bundling = false;
             if let Some(mut t) = t {
                 self.req.last_request = Some(now);
-                self.resp.ack_now();
                 if buf.get(bundle::FLAG_BYTE).is_some_and(|b| b & bundle::BUNDLED_ACK != 0) {
+                    self.resp.ack_now();
                     self.append_ack(now, &mut t, mem);
-                } else {
+                } else if !Self::begins_message(buf) {
+                    // The message's last packet, or a lone one: the ACK comes next.
+                    self.resp.ack_now();
                     self.ack_follows = true;
                 }
+                // A FIRST or MIDDLE packet: the ACK still waits, for the next one.
                 return Some(t);
             }
         }
@@ -844,6 +848,15 @@ impl QueuePair {
             self.req.last_request = Some(now);
         }
         t
+    }
+
+    /// Whether the packet whose head is in `buf` is a FIRST or MIDDLE packet: more of its
+    /// message follows.
+    fn begins_message(buf: &[u8]) -> bool {
+        use crate::wire::Position;
+        buf.first()
+            .and_then(|&b| crate::wire::Opcode::new(b))
+            .is_some_and(|o| matches!(o.position(), Position::First | Position::Middle))
     }
 
     /// Appends the positive ACK that waits (and that `poll_transmit` found alone in the
