@@ -303,6 +303,37 @@ fn a_request_that_comes_just_before_its_listener_is_taken() {
 }
 
 #[test]
+fn a_request_refused_at_once_for_want_of_a_listener_goes_again_within_the_grace() {
+    // A peer that refuses a REQ for an unknown service at once (Linux's CM; here an agent
+    // without a listen grace): the active side sends it again within its own grace, and
+    // a listener that comes 200 ms late still gets the connection; after the grace, the
+    // refusal is final.
+    let mut w = World::new(8, Impairments::default());
+    w.agents[1] =
+        CmAgent::new(CmConfig { seed: 9, ca_guid: 9, listen_grace: Duration::ZERO, ..Default::default() });
+    let id = w.agents[0].connect(w.now, ip(B), req(0x11, b"late")).unwrap();
+    w.run(Duration::from_millis(200));
+    assert_eq!(w.events[0], vec![], "no refusal reaches the consumer within the grace");
+    let retries = w.agents[0].stats().unlistened_retries;
+    assert!((2..=5).contains(&retries), "{retries} REQs sent again in 200 ms");
+    w.agents[1].listen(sid(), 16).unwrap();
+    w.run(Duration::from_secs(5));
+    assert!(w.events[0].contains(&CmEvent::Established { id }), "{:?}", w.events[0]);
+    assert_eq!(w.count(1, |e| matches!(e, CmEvent::ConnectRequest { .. })), 1);
+
+    let mut w = World::new(10, Impairments::default());
+    w.agents[1] =
+        CmAgent::new(CmConfig { seed: 11, ca_guid: 11, listen_grace: Duration::ZERO, ..Default::default() });
+    let start = w.now;
+    let id = w.agents[0].connect(w.now, ip(B), req(0x11, b"")).unwrap();
+    w.run(Duration::from_secs(5));
+    assert_eq!(w.events[0], vec![CmEvent::Rejected { id, reason: 8, private_data: vec![0; 148] }]);
+    let grace = CmConfig::default().listen_grace;
+    assert!(w.now - start < grace + Duration::from_millis(50), "refused at the grace's end: {:?}", w.now);
+    assert!(w.agents[0].is_empty());
+}
+
+#[test]
 fn a_request_its_peer_gave_up_on_is_not_handed_to_a_late_listener() {
     let mut w = World::new(6, Impairments::default());
     let mut r = req(0x40, b"");

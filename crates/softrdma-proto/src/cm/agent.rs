@@ -56,7 +56,11 @@ pub struct CmConfig {
     /// before it is refused (zero: refused at once). A server that closes one listener
     /// and opens the next on the same port (perftest's `-R`, between its exchange and its
     /// data connection) is then not refused for being a moment late; a client that
-    /// names a port nobody ever listens on hears so that much later.
+    /// names a port nobody ever listens on hears so that much later. The active side
+    /// grants the same grace to a peer that refuses at once (Linux's CM does): a REQ
+    /// rejected for an invalid service ID within `listen_grace` of being first sent goes
+    /// again every [`UNLISTENED_RETRY`] until the grace is over, and only a refusal after
+    /// that reaches the consumer.
     pub listen_grace: Duration,
     /// Seed of the communication IDs and transaction IDs (a random value in production).
     pub seed: u64,
@@ -229,6 +233,9 @@ pub struct CmStats {
     pub duplicates: u64,
     /// REQs refused for want of room (`max_pending`, or the listener's backlog).
     pub refused_full: u64,
+    /// REQs sent again after the peer refused them for an invalid service ID within the
+    /// listen grace (its server not listening yet).
+    pub unlistened_retries: u64,
     /// Half-open connections dropped to make room for new REQs.
     pub evicted: u64,
 }
@@ -256,6 +263,10 @@ struct Conn {
     local_qpn: u32,
     remote_qpn: u32,
 }
+
+/// How long an active side waits before it sends again a REQ that its peer refused for an
+/// invalid service ID within the listen grace (see [`CmConfig::listen_grace`]).
+pub const UNLISTENED_RETRY: Duration = Duration::from_millis(50);
 
 /// Requests that may wait for a listener at once; more are refused at once, so that a
 /// flood of requests for unknown services holds no more than this.
@@ -433,6 +444,7 @@ impl CmAgent {
         self.insert(id, CmState::ReqSent, peer, 0, tid, service_id, false);
         if let Some(c) = self.conns.get_mut(&id) {
             c.local_qpn = req.local_qpn;
+            c.since = now;
         }
         self.send_expecting(now, id, CmMsg::Req(req), timeout);
         Ok(id)
@@ -596,7 +608,7 @@ impl CmAgent {
             CmMsg::Req(req) => self.on_req(now, peer, tid, req),
             CmMsg::Rep(rep) => self.on_rep(peer, tid, rep),
             CmMsg::Rtu(rtu) => self.on_rtu(peer, rtu),
-            CmMsg::Rej(rej) => self.on_rej(peer, rej),
+            CmMsg::Rej(rej) => self.on_rej(now, peer, rej),
             CmMsg::Mra(mra) => self.on_mra(now, peer, mra),
             CmMsg::Dreq(dreq) => self.on_dreq(now, peer, tid, dreq),
             CmMsg::Drep(drep) => self.on_drep(now, peer, drep),
@@ -808,7 +820,7 @@ impl CmAgent {
         }
     }
 
-    fn on_rej(&mut self, peer: IpAddr, rej: Rej) {
+    fn on_rej(&mut self, now: Duration, peer: IpAddr, rej: Rej) {
         let id = rej.ids.remote_comm_id;
         if id == 0 {
             // The peer gave up on a REQ we have not answered: if it waits for a listener,
@@ -832,6 +844,18 @@ impl CmAgent {
             c.remote_id == 0 || rej.ids.local_comm_id == 0 || rej.ids.local_comm_id == c.remote_id;
         if !theirs_ok {
             self.stats.stray += 1;
+            return;
+        }
+        let unlistened = c.state == CmState::ReqSent
+            && rej.reason == RejReason::InvalidServiceId as u16
+            && rej.rejected == MsgKind::Req
+            && now < c.since + self.cfg.listen_grace;
+        if unlistened {
+            // Its server is not listening yet (see `CmConfig::listen_grace`): the REQ goes
+            // again shortly, through the retry timer.
+            let at = (now + UNLISTENED_RETRY).min(c.since + self.cfg.listen_grace);
+            self.stats.unlistened_retries += 1;
+            self.set_deadline(id, Some(at));
             return;
         }
         match c.state {
