@@ -30,13 +30,19 @@ struct PingPong {
 
 impl PingPong {
     fn new(mtu: Mtu, foreign: bool) -> PingPong {
+        PingPong::with(mtu, foreign, true)
+    }
+
+    fn with(mtu: Mtu, foreign: bool, bundle_acks: bool) -> PingPong {
         let mut sim = Sim::new(1, Impairments::default(), 2);
         let (qa, qb) = sim.connect(0, 1, QpType::Rc, ConnectParams { mtu, ..ConnectParams::default() });
         let access = Access::LOCAL_WRITE;
         let mut lkey = [Lkey(0); 2];
         for (n, q) in [(0, qa), (1, qb)] {
             lkey[n] = sim.nodes[n].mem.register(PdId(1), BASE, 64 * 1024, access).unwrap().0;
-            sim.nodes[n].endpoint.qp_mut(q).unwrap().set_foreign_peer(foreign);
+            let qp = sim.nodes[n].endpoint.qp_mut(q).unwrap();
+            qp.set_foreign_peer(foreign);
+            qp.set_bundle_acks(bundle_acks);
         }
         PingPong {
             sim,
@@ -157,12 +163,15 @@ fn a_pong_carries_its_pings_ack_in_its_datagram() {
 
 #[test]
 fn a_foreign_peer_never_sees_the_flag() {
-    let mut p = PingPong::new(Mtu::Mtu1024, true);
-    let done = p.rounds(50, 8);
-    assert_all_done(&done, 50, 8);
-    assert_eq!(p.flagged(), 0);
-    assert_eq!(p.sent.len(), 200, "each message and each ACK a datagram of its own");
-    assert!(p.sent.iter().all(|(_, d)| d.len() == 24 || d.len() == 20));
+    // Nor a softrdma peer when bundles are turned off (`SOFTRDMA_BUNDLE=0`).
+    for (foreign, bundle_acks) in [(true, true), (false, false)] {
+        let mut p = PingPong::with(Mtu::Mtu1024, foreign, bundle_acks);
+        let done = p.rounds(50, 8);
+        assert_all_done(&done, 50, 8);
+        assert_eq!(p.flagged(), 0);
+        assert_eq!(p.sent.len(), 200, "each message and each ACK a datagram of its own");
+        assert!(p.sent.iter().all(|(_, d)| d.len() == 24 || d.len() == 20));
+    }
 }
 
 #[test]

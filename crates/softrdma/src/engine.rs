@@ -328,11 +328,14 @@ pub(crate) struct Engine {
     /// RC responders hold early requests and send SACKs to softrdma peers
     /// (`SOFTRDMA_SELECTIVE=0` turns it off; see `QueuePair::set_selective`).
     selective: bool,
+    /// A waiting ACK may ride in the datagram of the QP's next request to a softrdma peer
+    /// (`SOFTRDMA_BUNDLE=0` turns it off; see `QueuePair::set_bundle_acks`).
+    bundle: bool,
 }
 
-/// Whether selective recovery is on: unless `SOFTRDMA_SELECTIVE` is `0`, `off` or `no`.
-fn selective_from_env() -> bool {
-    !matches!(std::env::var("SOFTRDMA_SELECTIVE").as_deref(), Ok("0" | "off" | "no"))
+/// Whether the switch `name` is on: unless it is `0`, `off` or `no`.
+fn on_unless_env(name: &str) -> bool {
+    !matches!(std::env::var(name).as_deref(), Ok("0" | "off" | "no"))
 }
 
 /// An application thread watching the link; dropping it (however the wait ends) hands the
@@ -423,7 +426,8 @@ impl Engine {
             app_watching: AtomicU64::new(0),
             cm_waiting: AtomicBool::new(false),
             cm_turn: Mutex::new(()),
-            selective: selective_from_env(),
+            selective: on_unless_env("SOFTRDMA_SELECTIVE"),
+            bundle: on_unless_env("SOFTRDMA_BUNDLE"),
         })
     }
 
@@ -462,6 +466,7 @@ impl Engine {
         let qpn = core.endpoint.create_qp(cfg);
         if let Some(qp) = core.endpoint.qp_mut(qpn) {
             qp.set_selective(self.selective);
+            qp.set_bundle_acks(self.bundle);
             setup(qp);
         }
         core.routes.insert(qpn.get(), Route { send, recv });

@@ -315,6 +315,8 @@ pub struct QueuePair {
     /// The request being built may carry the waiting ACK in its datagram: `finish_packet`
     /// flags it if it leaves room (see [`crate::wire::bundle`]).
     bundling: bool,
+    /// Bundles may be sent to a softrdma peer: see [`Self::set_bundle_acks`].
+    bundle_acks: bool,
     /// While a multicast packet is handled: the group it was sent to (the destination in
     /// the receive buffer's GRH area).
     mcast_dst: Option<IpAddr>,
@@ -364,6 +366,7 @@ impl QueuePair {
             selective: false,
             ack_follows: false,
             bundling: false,
+            bundle_acks: true,
         }
     }
 
@@ -452,6 +455,14 @@ impl QueuePair {
     /// crate; the runtime turns it on for softrdma peers.
     pub fn set_selective(&mut self, on: bool) {
         self.selective = on;
+    }
+
+    /// Whether a positive ACK that waits for the QP's next request may ride in that
+    /// request's datagram towards a softrdma peer ([`crate::wire::bundle`]; on by default):
+    /// off, the two go one after the other, as towards a foreign peer. Bundles received
+    /// are split either way.
+    pub fn set_bundle_acks(&mut self, on: bool) {
+        self.bundle_acks = on;
     }
 
     /// Whether selective recovery is on towards this QP's peer (softrdma, RC): the
@@ -810,7 +821,7 @@ impl QueuePair {
         // packets leave as one GSO train. Not before a zero-length SEND, the one request
         // shorter than an ACK.
         if peer && self.resp.ack_may_wait(now) && self.requests_ready() && !self.next_is_empty_send() {
-            self.bundling = true;
+            self.bundling = self.bundle_acks;
             let t = self.next_request(now, buf, mem);
             self.bundling = false;
             if let Some(mut t) = t {
