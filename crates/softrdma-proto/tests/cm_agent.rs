@@ -331,6 +331,25 @@ fn a_request_refused_at_once_for_want_of_a_listener_goes_again_within_the_grace(
     let grace = CmConfig::default().listen_grace;
     assert!(w.now - start < grace + Duration::from_millis(50), "refused at the grace's end: {:?}", w.now);
     assert!(w.agents[0].is_empty());
+
+    // A grace longer than the REQ's retries (15, one every 50 ms): the resends spend none
+    // of them, and a listener 3 s late still gets the connection.
+    let mut w = World::new(12, Impairments::default());
+    w.agents[0] = CmAgent::new(CmConfig {
+        seed: 13,
+        ca_guid: 13,
+        listen_grace: Duration::from_secs(10),
+        ..Default::default()
+    });
+    w.agents[1] =
+        CmAgent::new(CmConfig { seed: 14, ca_guid: 14, listen_grace: Duration::ZERO, ..Default::default() });
+    let id = w.agents[0].connect(w.now, ip(B), req(0x11, b"")).unwrap();
+    w.run(Duration::from_secs(3));
+    assert_eq!(w.events[0], vec![]);
+    assert!(w.agents[0].stats().unlistened_retries > 50, "{:?}", w.agents[0].stats());
+    w.agents[1].listen(sid(), 16).unwrap();
+    w.run(Duration::from_secs(5));
+    assert!(w.events[0].contains(&CmEvent::Established { id }), "{:?}", w.events[0]);
 }
 
 #[test]

@@ -855,6 +855,10 @@ impl CmAgent {
             // again shortly, through the retry timer.
             let at = (now + UNLISTENED_RETRY).min(c.since + self.cfg.listen_grace);
             self.stats.unlistened_retries += 1;
+            if let Some(c) = self.conns.get_mut(&id) {
+                // Not a retry for want of an answer: it spends none of the REQ's.
+                c.retries_left = c.retries_left.saturating_add(1);
+            }
             self.set_deadline(id, Some(at));
             return;
         }
