@@ -98,6 +98,20 @@ mod tests {
     }
 
     #[test]
+    fn the_shortest_bundle_splits_and_split_mut_splits_alike() {
+        // A zero-length SEND (BTH and ICRC, 16 bytes) and its ACK: 36 bytes.
+        let mut d = packet(16, 0x04, BUNDLED_ACK);
+        d.extend(packet(20, RC_ACKNOWLEDGE, 0));
+        assert_eq!(split(&d).map(|(a, b)| (a.len(), b.len())), Some((16, 20)));
+        let (first, ack) = split_mut(&mut d).expect("a bundle");
+        assert_eq!((first.len(), ack.len(), first[0], ack[0]), (16, 20, 0x04, RC_ACKNOWLEDGE));
+        ack[1] = 0xEE;
+        assert_eq!(d[17], 0xEE, "the halves are the datagram's own bytes");
+        let mut plain = packet(40, 0x04, 0);
+        assert_eq!(split_mut(&mut plain), None);
+    }
+
+    #[test]
     fn the_destination_qp_is_the_bths_24_bits() {
         let mut d = packet(16, 0x04, 0);
         d[4..8].copy_from_slice(&[0xFF, 0x12, 0x34, 0x56]);
