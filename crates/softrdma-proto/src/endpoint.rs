@@ -419,24 +419,31 @@ impl Endpoint {
     pub fn handle_datagram(&mut self, now: Duration, arrival: Arrival, bytes: &[u8], mem: &mut dyn Memory) {
         self.stats.received += 1;
         // A request with the ACK it carries (see `wire::bundle`): two packets, in order,
-        // each checked as if it had come alone. Only for a QP whose peer is softrdma: for
-        // any other the flag is a reserved bit, ignored.
+        // each checked as if it had come alone. A bundle's request passes the exact ICRC
+        // check on its own (its sender is softrdma, whatever this side's QP thinks of its
+        // peer); a datagram that only looks like one (a foreign sender's reserved bit set,
+        // and an ACK opcode 20 bytes from its end) does not, and is taken whole.
         if let Some((request, ack)) = bundle::split(bytes) {
-            let ours = bundle::dest_qpn(bytes)
-                .and_then(|qpn| self.qps.get(&qpn))
-                .is_some_and(|s| !s.qp.foreign_peer());
-            if ours {
+            let exact = icrc::Encap::new(arrival.src, arrival.dst).is_some_and(|e| icrc::verify(&e, request));
+            if exact {
                 self.stats.bundles += 1;
-                self.handle_packet_bytes(now, arrival, request, mem);
-                self.handle_packet_bytes(now, arrival, ack, mem);
+                self.handle_packet_bytes(now, arrival, request, mem, true);
+                self.handle_packet_bytes(now, arrival, ack, mem, false);
                 return;
             }
         }
-        self.handle_packet_bytes(now, arrival, bytes, mem);
+        self.handle_packet_bytes(now, arrival, bytes, mem, false);
     }
 
-    /// One packet of a datagram.
-    fn handle_packet_bytes(&mut self, now: Duration, arrival: Arrival, bytes: &[u8], mem: &mut dyn Memory) {
+    /// One packet of a datagram; `verified`: its exact ICRC check passed already.
+    fn handle_packet_bytes(
+        &mut self,
+        now: Duration,
+        arrival: Arrival,
+        bytes: &[u8],
+        mem: &mut dyn Memory,
+        verified: bool,
+    ) {
         let Arrival { src, dst, tos } = arrival;
         let Some(encap) = icrc::Encap::new(src, dst) else {
             tracing::debug!(%src, "dropped: IPv4 and IPv6 mixed");
@@ -452,7 +459,7 @@ impl Endpoint {
             }
         };
         let qpn = pkt.bth().dest_qp().get();
-        let exact = icrc::verify(&encap, bytes);
+        let exact = verified || icrc::verify(&encap, bytes);
         if !exact {
             // Only QP1 (CM messages come from any RoCE sender) and a QP whose peer is
             // foreign accept the ID-agnostic check.

@@ -332,6 +332,30 @@ fn a_request_refused_at_once_for_want_of_a_listener_goes_again_within_the_grace(
     assert!(w.now - start < grace + Duration::from_millis(50), "refused at the grace's end: {:?}", w.now);
     assert!(w.agents[0].is_empty());
 
+    // Two refusals before the resend (a duplicate, say): it goes once, and the REQ's own
+    // retries stay as they were.
+    let mut w = World::new(16, Impairments::default());
+    let id = w.agents[0].connect(w.now, ip(B), req(0x11, b"")).unwrap();
+    let local = id;
+    let rej = Rej {
+        ids: Ids { local_comm_id: 0, remote_comm_id: local },
+        rejected: MsgKind::Req,
+        ari_length: 0,
+        reason: 8,
+        ari: Vec::new(),
+        private_data: Vec::new(),
+    };
+    for _ in 0..2 {
+        w.agents[0].handle_mad(w.now, ip(B), &CmMad::new(1, CmMsg::Rej(rej.clone())).emit());
+    }
+    assert_eq!(w.agents[0].stats().unlistened_retries, 1);
+    let sent = |w: &mut World| std::iter::from_fn(|| w.agents[0].poll_transmit()).count();
+    sent(&mut w);
+    w.now += Duration::from_millis(60);
+    w.agents[0].handle_timeout(w.now);
+    assert_eq!(sent(&mut w), 1, "one resend");
+    assert_eq!(w.agents[0].stats().retransmits, 0, "no retry spent");
+
     // A grace longer than the REQ's retries (15, one every 50 ms): the resends spend none
     // of them, and a listener 3 s late still gets the connection.
     let mut w = World::new(12, Impairments::default());

@@ -34,6 +34,11 @@ impl PingPong {
     }
 
     fn with(mtu: Mtu, foreign: bool, bundle_acks: bool) -> PingPong {
+        PingPong::each(mtu, [foreign; 2], bundle_acks)
+    }
+
+    /// `foreign[n]`: node `n`'s QP takes its peer for a foreign one.
+    fn each(mtu: Mtu, foreign: [bool; 2], bundle_acks: bool) -> PingPong {
         let mut sim = Sim::new(1, Impairments::default(), 2);
         let (qa, qb) = sim.connect(0, 1, QpType::Rc, ConnectParams { mtu, ..ConnectParams::default() });
         let access = Access::LOCAL_WRITE;
@@ -41,7 +46,7 @@ impl PingPong {
         for (n, q) in [(0, qa), (1, qb)] {
             lkey[n] = sim.nodes[n].mem.register(PdId(1), BASE, 64 * 1024, access).unwrap().0;
             let qp = sim.nodes[n].endpoint.qp_mut(q).unwrap();
-            qp.set_foreign_peer(foreign);
+            qp.set_foreign_peer(foreign[n]);
             qp.set_bundle_acks(bundle_acks);
         }
         PingPong {
@@ -289,4 +294,44 @@ fn a_lossy_ping_pong_with_bundles_completes_everything() {
     }
     let bundled: u64 = (0..2).map(|n| sim.nodes[n].endpoint.qp(q[n]).unwrap().stats().acks_bundled).sum();
     assert!(bundled > rounds, "{bundled} ACKs bundled in {} messages", 2 * rounds);
+}
+
+#[test]
+fn a_bundle_is_split_whatever_the_receiver_thinks_of_its_peer() {
+    // Node 0 takes node 1 for foreign (an option set on one side only, or a stale memory
+    // of a kernel peer at that address); node 1 does not, and bundles its ACKs. Node 0
+    // still splits them: a bundle's request passes the exact ICRC check on its own.
+    let mut p = PingPong::each(Mtu::Mtu1024, [true, false], true);
+    let done = p.rounds(30, 8);
+    assert_all_done(&done, 30, 8);
+    let from_1 = p.sent.iter().filter(|(n, d)| *n == 1 && bundle::split(d).is_some()).count();
+    assert!(from_1 >= 29, "{from_1} bundles from node 1");
+    assert_eq!(p.sim.nodes[0].endpoint.stats().icrc_errors, 0);
+}
+
+#[test]
+fn a_datagram_that_only_looks_like_a_bundle_is_taken_whole() {
+    // A foreign sender's SEND with the reserved bit set and an ACK opcode 20 bytes from
+    // its end, its ICRC over the whole datagram: one message of 40 bytes, not two packets.
+    let mut p = PingPong::new(Mtu::Mtu1024, false);
+    let mut payload = [0x5Au8; 40];
+    payload[40 - 16] = 0x11; // 20 bytes from the end of the datagram (ICRC 4)
+    let recv = RecvWr { wr_id: 9, sg_list: sgl![Sge { addr: BASE, length: 64, lkey: p.lkey[1] }] };
+    p.sim.nodes[1].endpoint.qp_mut(p.qpn[1]).unwrap().post_recv(recv).unwrap();
+    let op = softrdma_proto::wire::Opcode::new(0x04).unwrap();
+    let psn = p.sim.nodes[0].endpoint.qp(p.qpn[0]).unwrap().attr().sq_psn.unwrap();
+    let r = softrdma_proto::wire::PacketRepr::new(softrdma_proto::wire::BthRepr::new(op, p.qpn[1], psn), 40);
+    let (src, dst) = (Sim::addr_of(0), Sim::addr_of(1));
+    let encap = softrdma_proto::wire::icrc::Encap::new(src, dst).unwrap();
+    let mut d = vec![0u8; 128];
+    let n = r.emit(&mut d, &payload, &encap).unwrap();
+    d.truncate(n);
+    d[bundle::FLAG_BYTE] |= bundle::BUNDLED_ACK;
+    let crc = softrdma_proto::wire::icrc::compute(&encap, &d[..n - 4]);
+    d[n - 4..].copy_from_slice(&crc.to_le_bytes());
+    assert!(bundle::split(&d).is_some(), "shaped like a bundle");
+    let node = &mut p.sim.nodes[1];
+    node.endpoint.handle_datagram(p.now, Arrival { src, dst, tos: 0 }, &d, &mut node.mem);
+    assert_eq!(p.completions(1), [(9, WcOpcode::Recv, WcStatus::Success, 40)]);
+    assert_eq!(p.sim.nodes[1].endpoint.stats().bundles, 0);
 }

@@ -246,3 +246,20 @@ fn ids_and_channels_destroyed_already_are_an_errno_not_a_crash() {
         rdma_destroy_event_channel(ch);
     }
 }
+
+#[test]
+fn the_ece_calls_on_a_destroyed_id_are_an_errno() {
+    // SAFETY: the C API used as documented, but for the ID used after its destruction.
+    unsafe {
+        let ch = rdma_create_event_channel();
+        let mut id: *mut rdma_cm_id = ptr::null_mut();
+        assert_eq!(rdma_create_id(ch, &mut id, ptr::null_mut(), RDMA_PS_TCP), 0);
+        let mut ece = softrdma_verbs::rdmacm::stubs::ibv_ece { vendor_id: 0x1234, options: 0, comp_mask: 0 };
+        assert_eq!(softrdma_verbs::rdmacm::stubs::rdma_set_local_ece(id, &mut ece), 0);
+        assert_eq!(rdma_destroy_id(id), 0);
+        assert_eq!(softrdma_verbs::rdmacm::stubs::rdma_set_local_ece(id, &mut ece), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(softrdma_verbs::rdmacm::stubs::rdma_get_remote_ece(id, &mut ece), -1);
+        rdma_destroy_event_channel(ch);
+    }
+}

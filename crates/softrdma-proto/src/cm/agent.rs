@@ -256,8 +256,11 @@ struct Conn {
     /// Passive and half-open (REQ received, not yet established): counted against
     /// `max_pending`.
     pending: bool,
-    /// When the REQ came (passive).
+    /// When the REQ came (passive), or first went (active).
     since: Duration,
+    /// Active: a REQ refused for want of a listener waits to go again (see
+    /// [`CmConfig::listen_grace`]); that resend spends none of the REQ's retries.
+    unlistened: bool,
     /// Our QP and the peer's, from the REQ and the REP: a DREQ names the receiver's QP,
     /// and Linux drops one that names another.
     local_qpn: u32,
@@ -636,6 +639,14 @@ impl CmAgent {
                     self.remove(id);
                     self.events.push_back(CmEvent::TimewaitExit { id });
                 }
+                CmState::ReqSent if std::mem::take(&mut c.unlistened) && c.last.is_some() => {
+                    // The resend of a REQ refused for want of a listener: no retry spent.
+                    let (peer, mad, timeout) = (c.peer, c.last.clone(), c.timeout);
+                    if let Some(mad) = mad {
+                        self.send(peer, mad);
+                    }
+                    self.set_deadline(id, Some(now + timeout));
+                }
                 _ if c.retries_left > 0 && c.last.is_some() => {
                     c.retries_left -= 1;
                     let (peer, mad, timeout) = (c.peer, c.last.clone(), c.timeout);
@@ -854,11 +865,15 @@ impl CmAgent {
             // Its server is not listening yet (see `CmConfig::listen_grace`): the REQ goes
             // again shortly, through the retry timer.
             let at = (now + UNLISTENED_RETRY).min(c.since + self.cfg.listen_grace);
-            self.stats.unlistened_retries += 1;
             if let Some(c) = self.conns.get_mut(&id) {
-                // Not a retry for want of an answer: it spends none of the REQ's.
-                c.retries_left = c.retries_left.saturating_add(1);
+                if c.unlistened {
+                    // Another refusal (a duplicate, or the answer to an ordinary resend)
+                    // while the resend waits: it goes once.
+                    return;
+                }
+                c.unlistened = true;
             }
+            self.stats.unlistened_retries += 1;
             self.set_deadline(id, Some(at));
             return;
         }
@@ -1037,6 +1052,7 @@ impl CmAgent {
                 deadline: None,
                 pending,
                 since: Duration::ZERO,
+                unlistened: false,
                 local_qpn: 0,
                 remote_qpn: 0,
             },

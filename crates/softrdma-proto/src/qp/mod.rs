@@ -888,8 +888,11 @@ impl QueuePair {
                 t.tail_len += bundle::BUNDLED_ACK_LEN;
                 self.stats.acks_bundled += 1;
             }
-            // Cannot happen (the only answer waiting was a positive ACK): the peer splits
-            // nothing off the request, whose ICRC then fails; its resend goes alone.
+            // Cannot happen (`poll_transmit` found one positive ACK waiting, which
+            // `next_response` builds as 20 bytes). Were it to, the request still goes
+            // (its ICRC covers the flag, a bit the peer otherwise ignores), and only a
+            // request whose byte 20 from the end is an ACK opcode would be split wrongly
+            // at the peer; the answer taken is gone, and the next ACK covers its PSNs.
             _ => tracing::error!(qpn = self.qpn.get(), "a request flagged for an ACK went without it"),
         }
     }

@@ -18,8 +18,10 @@
 //! own length; the request's BTH carries [`BUNDLED_ACK`], the first of the seven bits
 //! after AckReq that the IBTA reserves (senders zero them, receivers ignore them, and the
 //! ICRC covers them, so a flipped flag fails the check). A receiver that sees the flag on
-//! a datagram for a QP whose peer is not foreign, with an RC ACKNOWLEDGE opcode 20 bytes
-//! from the end, handles the two parts in order as two datagrams. A bundle is never longer
+//! a datagram with an RC ACKNOWLEDGE opcode 20 bytes from the end, and whose first part
+//! passes the exact ICRC check on its own, handles the two parts in order as two
+//! datagrams (anything else that looks like one, a foreign sender's reserved bit set say,
+//! is taken whole). A bundle is never longer
 //! than a MIDDLE packet of the path MTU (a BTH, a full payload and the ICRC), the longest
 //! datagram but for a few header bytes that the QP sends anyway: the sender appends the
 //! ACK only to a request that leaves room for it, and otherwise sends the two as before.

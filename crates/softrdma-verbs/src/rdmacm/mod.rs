@@ -76,7 +76,7 @@ fn live() -> &'static Mutex<Live> {
 }
 
 /// The ID `id` names, if it is live.
-fn live_id<'a>(id: *mut rdma_cm_id) -> Option<&'a mut Id> {
+pub(crate) fn live_id<'a>(id: *mut rdma_cm_id) -> Option<&'a mut Id> {
     if id.is_null() || !lock(live()).ids.contains(&(id as usize)) {
         return None;
     }
@@ -169,7 +169,7 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_cha
 
 /// `struct rdma_cm_id` and what the library keeps beside it.
 #[repr(C)]
-struct Id {
+pub(crate) struct Id {
     ibv: rdma_cm_id,
     rt: Option<CmId>,
     /// Synchronous: `ibv.channel` is this ID's own.

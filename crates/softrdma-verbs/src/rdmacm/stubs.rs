@@ -28,11 +28,12 @@ pub struct ibv_ece {
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
-    // SAFETY: the caller's pointers, if not null.
-    if id.is_null()
-        || ece.is_null()
-        || unsafe { !(*id).qp.is_null() || (*ece).vendor_id == 0 || (*ece).comp_mask != 0 }
-    {
+    let Some(i) = super::live_id(id) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    // SAFETY: the caller's pointer, if not null.
+    if ece.is_null() || !i.ibv.qp.is_null() || unsafe { (*ece).vendor_id == 0 || (*ece).comp_mask != 0 } {
         set_errno(libc::EINVAL);
         return -1;
     }
@@ -42,7 +43,7 @@ pub unsafe extern "C" fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_e
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
-    if id.is_null() || ece.is_null() {
+    if super::live_id(id).is_none() || ece.is_null() {
         set_errno(libc::EINVAL);
         return -1;
     }
