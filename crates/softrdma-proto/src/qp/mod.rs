@@ -1018,8 +1018,13 @@ impl QueuePair {
         } else {
             (head_len, payload, pad)
         };
-        if self.bundling && total + bundle::BUNDLED_ACK_LEN <= 12 + self.mtu.bytes() as usize + ICRC_LEN {
-            // Room for the waiting ACK in this datagram (see `wire::bundle`).
+        if self.bundling
+            && !Self::begins_message(buf)
+            && total + bundle::BUNDLED_ACK_LEN <= self.mtu.bytes() as usize + bundle::MAX_OVER_PMTU
+        {
+            // Room for the waiting ACK in this datagram (see `wire::bundle`), the last
+            // packet of its message: longer than the packets before it, a bundle must end
+            // their GSO train.
             buf[bundle::FLAG_BYTE] |= bundle::BUNDLED_ACK;
         }
         let (bth, rest) = buf[..head_len].split_first_chunk::<12>().ok_or(crate::memory::MemError::BadKey)?;

@@ -428,12 +428,22 @@ fn an_ack_leaves_with_the_next_request_or_at_once_when_many_psns_are_owed() {
         assert!(icrc::verify(&encap, part));
     }
     assert_eq!(t.qp.stats().acks_bundled, 1);
-    // A request that leaves no room for the ACK in a datagram of the path MTU: the two go
-    // one after the other, the shorter ACK last, for the runtime to send as one GSO train.
+    // A request that leaves no room for the ACK (a full WRITE ONLY, its RETH and 1,024
+    // bytes: with the ACK 52 bytes over the path MTU, the most is 48): the two go one
+    // after the other, the shorter ACK last, for the runtime to send as one GSO train. A
+    // full SEND takes it.
     t.request(Operation::RdmaWriteOnly, RQ + 1, BASE, &[1; 8]);
     assert!(t.out().is_empty());
-    t.post(3, SendOp::Send, 0, 1024);
-    assert_eq!(raw_out(&mut t), vec![(send, false, 0b10), (ack, false, 0b10)]);
+    t.post(3, SendOp::Write { remote_addr: 0x1000, rkey: Rkey(1) }, 0, 1024);
+    let write = Opcode::from_parts(Transport::Rc, Operation::RdmaWriteOnly).unwrap().code();
+    assert_eq!(raw_out(&mut t), vec![(write, false, 0b10), (ack, false, 0b10)]);
+    t.request(Operation::RdmaWriteOnly, RQ + 2, BASE, &[1; 8]);
+    assert!(t.out().is_empty());
+    t.post(4, SendOp::Send, 0, 1024);
+    let tx = t.qp.poll_transmit(t.now, &mut t.buf, &t.mem).expect("the SEND");
+    let bytes = tx.assemble(&t.buf, &t.mem);
+    assert_eq!(bytes.len(), 12 + 1024 + 4 + 20, "a full SEND and its ACK, one datagram");
+    assert!(crate::wire::bundle::split(&bytes).is_some());
     // Towards a foreign peer the wire stays as rxe's: the ACK first, not ECN-capable.
     let mut t = T::new(QpType::Rc);
     t.qp.set_foreign_peer(true);
@@ -862,9 +872,13 @@ impl Ep {
 
     /// An 8-byte unsignaled SEND on QP `k`.
     fn send(&mut self, k: usize, wr_id: u64, len: u32) {
+        self.post(k, wr_id, len, SendOp::Send);
+    }
+
+    fn post(&mut self, k: usize, wr_id: u64, len: u32, op: SendOp) {
         let wr = SendWr {
             wr_id,
-            op: SendOp::Send,
+            op,
             sg_list: crate::sgl![Sge { addr: BASE, length: len, lkey: self.lkey }],
             flags: SendFlags::default(),
             ud: None,
@@ -906,7 +920,7 @@ fn the_endpoint_keeps_a_request_and_its_following_ack_together() {
     }
     assert!(e.out().is_empty(), "the ACKs wait");
     for k in 0..2 {
-        e.send(k, 2, 1024);
+        e.post(k, 2, 1024, SendOp::Write { remote_addr: 0x1000, rkey: Rkey(1) });
     }
     let order: Vec<(Operation, u32)> = e
         .out()
@@ -916,7 +930,12 @@ fn the_endpoint_keeps_a_request_and_its_following_ack_together() {
         .collect();
     assert_eq!(
         order.iter().map(|o| o.0).collect::<Vec<_>>(),
-        vec![Operation::SendOnly, Operation::Acknowledge, Operation::SendOnly, Operation::Acknowledge],
+        vec![
+            Operation::RdmaWriteOnly,
+            Operation::Acknowledge,
+            Operation::RdmaWriteOnly,
+            Operation::Acknowledge
+        ],
         "{order:?}"
     );
     assert!(order[0].1 == order[1].1 && order[2].1 == order[3].1 && order[0].1 != order[2].1, "{order:?}");

@@ -21,10 +21,9 @@
 //! a datagram with an RC ACKNOWLEDGE opcode 20 bytes from the end, and whose first part
 //! passes the exact ICRC check on its own, handles the two parts in order as two
 //! datagrams (anything else that looks like one, a foreign sender's reserved bit set say,
-//! is taken whole). A bundle is never longer
-//! than a MIDDLE packet of the path MTU (a BTH, a full payload and the ICRC), the longest
-//! datagram but for a few header bytes that the QP sends anyway: the sender appends the
-//! ACK only to a request that leaves room for it, and otherwise sends the two as before.
+//! is taken whole). A bundle's UDP payload is at most [`MAX_OVER_PMTU`] bytes over the
+//! path MTU, which keeps the datagram within the link's MTU: the sender appends the ACK
+//! only to a request that leaves room for it, and otherwise sends the two as before.
 
 /// The flag in BTH byte 8 (AckReq and seven reserved bits) that says an ACK follows the
 /// packet in the same datagram.
@@ -33,6 +32,11 @@ pub const BUNDLED_ACK: u8 = 0x40;
 pub const FLAG_BYTE: usize = 8;
 /// The length of the ACK that rides along: BTH, AETH and ICRC.
 pub const BUNDLED_ACK_LEN: usize = 20;
+/// How far a bundle's UDP payload may exceed the path MTU: 48 bytes. With IPv6's 48 bytes
+/// of IP and UDP headers the datagram is then at most the path MTU plus 96, the headroom a
+/// device keeps between its path MTU and its link's (`Mtu::for_link`). A full SEND packet
+/// (path MTU plus 16) takes an ACK; a full WRITE ONLY (plus 32, with its RETH) does not.
+pub const MAX_OVER_PMTU: usize = 48;
 /// The RC ACKNOWLEDGE opcode, which the last 20 bytes must start with.
 const RC_ACKNOWLEDGE: u8 = 0x11;
 /// The shortest packet that can carry the flag: a BTH and an ICRC.
@@ -111,6 +115,22 @@ mod tests {
         assert_eq!(d[17], 0xEE, "the halves are the datagram's own bytes");
         let mut plain = packet(40, 0x04, 0);
         assert_eq!(split_mut(&mut plain), None);
+    }
+
+    #[test]
+    fn a_bundle_fits_the_link_of_the_path_mtu_a_device_picks() {
+        use crate::qp::Mtu;
+        // The tightest link for each path MTU, and some common ones: a bundle's datagram
+        // (IPv6's 48 bytes of IP and UDP headers, the worst case) fits each.
+        for m in [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096] {
+            let tightest = m.bytes() + 96;
+            assert_eq!(Mtu::for_link(tightest), Some(m));
+            assert!(m.bytes() as usize + MAX_OVER_PMTU + 48 <= tightest as usize);
+        }
+        for link in [1280u32, 1500, 4200, 9000, 65536] {
+            let m = Mtu::for_link(link).expect("a path MTU");
+            assert!(m.bytes() as usize + MAX_OVER_PMTU + 48 <= link as usize, "{link}");
+        }
     }
 
     #[test]
