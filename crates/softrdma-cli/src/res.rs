@@ -88,7 +88,7 @@ fn print_process(p: &Value) {
     let empty = Vec::new();
     for d in p["devices"].as_array().unwrap_or(&empty) {
         println!(
-            "pid {} {} dev {} {}: received {} icrc-errors {} malformed {} unknown-qp {} pkey {}",
+            "pid {} {} dev {} {}: received {} icrc-errors {} malformed {} unknown-qp {} pkey {} bundles {}",
             p["pid"],
             p["comm"].as_str().unwrap_or("?"),
             d["name"].as_str().unwrap_or("?"),
@@ -98,10 +98,11 @@ fn print_process(p: &Value) {
             d["malformed"],
             d["unknown_qp"],
             d["pkey_violations"],
+            d["bundles"],
         );
         for q in d["qps"].as_array().unwrap_or(&empty) {
             println!(
-                "  qp {} {} {} peer {} dqpn {} sq-psn {} rq-psn {} sq {} rq {} cq {}/{} sent {} retrans {} timeouts {} dropped {}",
+                "  qp {} {} {} peer {} dqpn {} sq-psn {} rq-psn {} sq {} rq {} cq {}/{} sent {} retrans {} timeouts {} dropped {} acks-bundled {}",
                 hex(&q["qpn"]),
                 q["type"].as_str().unwrap_or("?"),
                 q["state"].as_str().unwrap_or("?"),
@@ -117,6 +118,7 @@ fn print_process(p: &Value) {
                 q["retransmits"],
                 q["timeouts"],
                 q["dropped"],
+                q["acks_bundled"],
             );
         }
         for c in d["cqs"].as_array().unwrap_or(&empty) {

@@ -68,3 +68,42 @@ fn res_shows_the_qps_of_two_running_perf_processes() {
     let out = run.end().unwrap();
     assert!(out.status.success(), "{}", common::text(&out));
 }
+
+/// The `acks_bundled` of the client's QP in a running `perf send_lat --local` (the process
+/// `client` or its child), once it has sent `min_sent` packets.
+fn acks_bundled_of(client: u64, min_sent: u64) -> u64 {
+    let t = Instant::now();
+    loop {
+        assert!(t.elapsed() < Duration::from_secs(30), "the ping-pong never got going");
+        let out = output(&mut softrdma(["res", "-j"]), Duration::from_secs(20));
+        let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let qp = all.as_array().into_iter().flatten().find_map(|p| {
+            let pid = p["pid"].as_u64()?;
+            let q = &p["devices"][0]["qps"][0];
+            (pid == client && q["state"] == "RTS" && q["packets_sent"].as_u64()? >= min_sent).then_some(q)
+        });
+        if let Some(q) = qp {
+            return q["acks_bundled"].as_u64().expect("acks_bundled");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_ping_pong_bundles_its_acks_unless_told_not_to() {
+    // The ACK of each ping rides in the pong's datagram between softrdma processes
+    // (`res` counts them per QP); `SOFTRDMA_BUNDLE=0` sends them alone, and the ping-pong
+    // runs the same.
+    for (env, bundles) in [(None, true), (Some("0"), false)] {
+        let mut cmd = softrdma(["perf", "send_lat", "--local", "-n", "100000"]);
+        cmd.env_remove("SOFTRDMA_PORT");
+        if let Some(v) = env {
+            cmd.env("SOFTRDMA_BUNDLE", v);
+        }
+        let run = Proc::start_piped(&mut cmd, Duration::from_secs(90));
+        let n = acks_bundled_of(u64::from(run.id()), 2_000);
+        assert_eq!(n > 0, bundles, "SOFTRDMA_BUNDLE={env:?}: {n} ACKs bundled");
+        let out = run.end().unwrap();
+        assert!(out.status.success(), "{}", common::text(&out));
+    }
+}

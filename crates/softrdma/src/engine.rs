@@ -766,6 +766,7 @@ impl Engine {
                     held: s.held,
                     dropped: s.dropped,
                     duplicates: s.duplicates,
+                    acks_bundled: s.acks_bundled,
                 }
             })
             .collect();
@@ -791,6 +792,7 @@ impl Engine {
             malformed: e.malformed,
             unknown_qp: e.unknown_qp,
             pkey_violations: e.pkey_violations,
+            bundles: e.bundles,
         }
     }
 

@@ -54,6 +54,8 @@ pub(crate) struct DeviceRes {
     pub(crate) malformed: u64,
     pub(crate) unknown_qp: u64,
     pub(crate) pkey_violations: u64,
+    /// Datagrams that carried a request and its ACK (`softrdma_proto::wire::bundle`).
+    pub(crate) bundles: u64,
 }
 
 /// One QP.
@@ -79,6 +81,8 @@ pub(crate) struct QpRes {
     pub(crate) held: u64,
     pub(crate) dropped: u64,
     pub(crate) duplicates: u64,
+    /// Positive ACKs sent in the datagram of a request.
+    pub(crate) acks_bundled: u64,
 }
 
 /// One completion queue.
