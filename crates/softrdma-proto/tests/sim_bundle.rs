@@ -333,3 +333,39 @@ fn a_datagram_that_only_looks_like_a_bundle_is_taken_whole() {
     assert_eq!(p.completions(1), [(9, WcOpcode::Recv, WcStatus::Success, 40)]);
     assert_eq!(p.sim.nodes[1].endpoint.stats().bundles, 0);
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn datagrams_shaped_like_bundles_harm_nothing(
+        garbage in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 36..400), 1..8),
+        valid_icrc in proptest::prelude::any::<bool>(),
+    ) {
+        // Arbitrary datagrams to a connected QP, flagged with an ACK opcode where a bundle's
+        // would start, their first part given a valid ICRC or not: no panic.
+        let mut p = PingPong::new(Mtu::Mtu1024, false);
+        assert_all_done(&p.rounds(2, 8), 2, 8);
+        let before = p.sim.nodes[1].endpoint.stats().received;
+        let count = garbage.len();
+        let (src, dst) = (Sim::addr_of(0), Sim::addr_of(1));
+        let encap = softrdma_proto::wire::icrc::Encap::new(src, dst).unwrap();
+        for mut d in garbage {
+            let n = d.len();
+            d[bundle::FLAG_BYTE] |= bundle::BUNDLED_ACK;
+            d[5..8].copy_from_slice(&p.qpn[1].get().to_be_bytes()[1..]);
+            d[n - 20] = 0x11;
+            if valid_icrc {
+                let first = n - 20;
+                let crc = softrdma_proto::wire::icrc::compute(&encap, &d[..first - 4]);
+                d[first - 4..first].copy_from_slice(&crc.to_le_bytes());
+            }
+            let node = &mut p.sim.nodes[1];
+            node.endpoint.handle_datagram(p.now, Arrival { src, dst, tos: 0 }, &d, &mut node.mem);
+        }
+        // Whatever the garbage did to the QP (it may fail it, as any bad request from the
+        // peer's address may), nothing panicked, and every datagram was taken in.
+        let stats = p.sim.nodes[1].endpoint.stats();
+        proptest::prop_assert_eq!(stats.received, before + count as u64);
+    }
+}
