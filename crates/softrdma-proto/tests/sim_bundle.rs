@@ -181,10 +181,9 @@ fn a_foreign_peer_never_sees_the_flag() {
 
 #[test]
 fn the_ack_rides_with_a_messages_last_packet_within_the_mtus_headroom() {
-    // A bundle's UDP payload is at most the path MTU plus 48 bytes (`MAX_OVER_PMTU`): a
-    // full SEND packet (plus 16) takes the ACK (a full WRITE ONLY, plus 32, does not: the
-    // QP's unit tests check that case). In a message of several packets the ACK rides
-    // with the last one, never between the packets of a message.
+    // A bundle's UDP payload is at most the path MTU plus 68 bytes over IPv4
+    // (`max_over_pmtu`), so a full packet takes the ACK. In a message of several packets
+    // the ACK rides with the last one, never between the packets of a message.
     for len in [1004, 1005, 1024, 2000, 2048, 3000] {
         let mut p = PingPong::new(Mtu::Mtu1024, false);
         let done = p.rounds(20, len);
@@ -192,7 +191,10 @@ fn the_ack_rides_with_a_messages_last_packet_within_the_mtus_headroom() {
         let flagged = p.flagged();
         assert!(flagged >= 38, "{len}-byte messages: {flagged} flagged");
         let longest = p.sent.iter().map(|(_, d)| d.len()).max().unwrap();
-        assert!(longest <= 1024 + bundle::MAX_OVER_PMTU, "{len}-byte messages: a {longest}-byte datagram");
+        assert!(
+            longest <= 1024 + bundle::max_over_pmtu(false),
+            "{len}-byte messages: a {longest}-byte datagram"
+        );
         let first_or_middle = |d: &[u8]| matches!(d[0], 0x00 | 0x01);
         for w in p.sent.windows(2) {
             let (a, b) = (&w[0].1, &w[1].1);

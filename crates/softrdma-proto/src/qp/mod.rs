@@ -1020,7 +1020,9 @@ impl QueuePair {
         };
         if self.bundling
             && !Self::begins_message(buf)
-            && total + bundle::BUNDLED_ACK_LEN <= self.mtu.bytes() as usize + bundle::MAX_OVER_PMTU
+            && total + bundle::BUNDLED_ACK_LEN
+                <= self.mtu.bytes() as usize
+                    + bundle::max_over_pmtu(matches!(encap.ip, icrc::IpFields::V6 { .. }))
         {
             // Room for the waiting ACK in this datagram (see `wire::bundle`), the last
             // packet of its message: longer than the packets before it, a bundle must end

@@ -428,22 +428,22 @@ fn an_ack_leaves_with_the_next_request_or_at_once_when_many_psns_are_owed() {
         assert!(icrc::verify(&encap, part));
     }
     assert_eq!(t.qp.stats().acks_bundled, 1);
-    // A request that leaves no room for the ACK (a full WRITE ONLY, its RETH and 1,024
-    // bytes: with the ACK 52 bytes over the path MTU, the most is 48): the two go one
-    // after the other, the shorter ACK last, for the runtime to send as one GSO train. A
-    // full SEND takes it.
+    // Over IPv4 even the longest request packet takes its ACK: a full WRITE ONLY, its RETH
+    // and 1,024 bytes, 52 bytes over the path MTU with the ACK (68 allowed).
     t.request(Operation::RdmaWriteOnly, RQ + 1, BASE, &[1; 8]);
     assert!(t.out().is_empty());
     t.post(3, SendOp::Write { remote_addr: 0x1000, rkey: Rkey(1) }, 0, 1024);
-    let write = Opcode::from_parts(Transport::Rc, Operation::RdmaWriteOnly).unwrap().code();
-    assert_eq!(raw_out(&mut t), vec![(write, false, 0b10), (ack, false, 0b10)]);
+    let tx = t.qp.poll_transmit(t.now, &mut t.buf, &t.mem).expect("the WRITE");
+    let bytes = tx.assemble(&t.buf, &t.mem);
+    assert_eq!(bytes.len(), 12 + 16 + 1024 + 4 + 20, "a full WRITE ONLY and its ACK, one datagram");
+    assert!(crate::wire::bundle::split(&bytes).is_some());
+    // Bundles off (`SOFTRDMA_BUNDLE=0`): the two go one after the other, the shorter ACK
+    // last, for the runtime to send as one GSO train.
+    t.qp.set_bundle_acks(false);
     t.request(Operation::RdmaWriteOnly, RQ + 2, BASE, &[1; 8]);
     assert!(t.out().is_empty());
-    t.post(4, SendOp::Send, 0, 1024);
-    let tx = t.qp.poll_transmit(t.now, &mut t.buf, &t.mem).expect("the SEND");
-    let bytes = tx.assemble(&t.buf, &t.mem);
-    assert_eq!(bytes.len(), 12 + 1024 + 4 + 20, "a full SEND and its ACK, one datagram");
-    assert!(crate::wire::bundle::split(&bytes).is_some());
+    t.post(4, SendOp::Send, 0, 8);
+    assert_eq!(raw_out(&mut t), vec![(send, false, 0b10), (ack, false, 0b10)]);
     // Towards a foreign peer the wire stays as rxe's: the ACK first, not ECN-capable.
     let mut t = T::new(QpType::Rc);
     t.qp.set_foreign_peer(true);
@@ -898,9 +898,8 @@ impl Ep {
 
 #[test]
 fn the_endpoint_keeps_a_request_and_its_following_ack_together() {
-    // Two QPs of one endpoint, each with a waiting ACK and a request ready that leaves no
-    // room for it in its datagram: each request is followed by its own QP's ACK, not by
-    // the other QP's request.
+    // Two QPs of one endpoint with bundles off, each with a waiting ACK and a request
+    // ready: each request is followed by its own QP's ACK, not by the other QP's request.
     let mut e = Ep::new(2);
     for k in 0..2 {
         e.send(k, 1, 8);
@@ -920,6 +919,8 @@ fn the_endpoint_keeps_a_request_and_its_following_ack_together() {
     }
     assert!(e.out().is_empty(), "the ACKs wait");
     for k in 0..2 {
+        let q = e.qpns[k];
+        e.ep.qp_mut(q).unwrap().set_bundle_acks(false);
         e.post(k, 2, 1024, SendOp::Write { remote_addr: 0x1000, rkey: Rkey(1) });
     }
     let order: Vec<(Operation, u32)> = e

@@ -21,7 +21,7 @@
 //! a datagram with an RC ACKNOWLEDGE opcode 20 bytes from the end, and whose first part
 //! passes the exact ICRC check on its own, handles the two parts in order as two
 //! datagrams (anything else that looks like one, a foreign sender's reserved bit set say,
-//! is taken whole). A bundle's UDP payload is at most [`MAX_OVER_PMTU`] bytes over the
+//! is taken whole). A bundle's UDP payload is at most [`max_over_pmtu`] bytes over the
 //! path MTU, which keeps the datagram within the link's MTU: the sender appends the ACK
 //! only to a request that leaves room for it, and otherwise sends the two as before.
 
@@ -32,11 +32,18 @@ pub const BUNDLED_ACK: u8 = 0x40;
 pub const FLAG_BYTE: usize = 8;
 /// The length of the ACK that rides along: BTH, AETH and ICRC.
 pub const BUNDLED_ACK_LEN: usize = 20;
-/// How far a bundle's UDP payload may exceed the path MTU: 48 bytes. With IPv6's 48 bytes
-/// of IP and UDP headers the datagram is then at most the path MTU plus 96, the headroom a
-/// device keeps between its path MTU and its link's (`Mtu::for_link`). A full SEND packet
-/// (path MTU plus 16) takes an ACK; a full WRITE ONLY (plus 32, with its RETH) does not.
-pub const MAX_OVER_PMTU: usize = 48;
+/// The headroom a device keeps between its path MTU and its link's MTU (`Mtu::for_link`),
+/// for the IP, UDP and RoCE headers.
+pub const PMTU_HEADROOM: usize = 96;
+
+/// How far a bundle's UDP payload may exceed the path MTU, so that its datagram stays
+/// within [`PMTU_HEADROOM`] of it: 68 bytes over IPv4 (20 bytes of IP header and 8 of
+/// UDP), 48 over IPv6 (40 and 8). Every request packet is at most the path MTU plus 36
+/// (BTH, RETH, immediate data, ICRC), so over IPv4 any last packet of a message takes its
+/// ACK; over IPv6 a full SEND (plus 16) does, a full WRITE ONLY (plus 32) does not.
+pub const fn max_over_pmtu(ipv6: bool) -> usize {
+    PMTU_HEADROOM - if ipv6 { 48 } else { 28 }
+}
 /// The RC ACKNOWLEDGE opcode, which the last 20 bytes must start with.
 const RC_ACKNOWLEDGE: u8 = 0x11;
 /// The shortest packet that can carry the flag: a BTH and an ICRC.
@@ -123,14 +130,21 @@ mod tests {
         // The tightest link for each path MTU, and some common ones: a bundle's datagram
         // (IPv6's 48 bytes of IP and UDP headers, the worst case) fits each.
         for m in [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096] {
-            let tightest = m.bytes() + 96;
+            let tightest = m.bytes() + PMTU_HEADROOM as u32;
             assert_eq!(Mtu::for_link(tightest), Some(m));
-            assert!(m.bytes() as usize + MAX_OVER_PMTU + 48 <= tightest as usize);
+            for (ipv6, ip_udp) in [(false, 28), (true, 48)] {
+                assert!(m.bytes() as usize + max_over_pmtu(ipv6) + ip_udp <= tightest as usize);
+            }
         }
         for link in [1280u32, 1500, 4200, 9000, 65536] {
             let m = Mtu::for_link(link).expect("a path MTU");
-            assert!(m.bytes() as usize + MAX_OVER_PMTU + 48 <= link as usize, "{link}");
+            assert!(m.bytes() as usize + max_over_pmtu(true) + 48 <= link as usize, "{link}");
+            assert!(m.bytes() as usize + max_over_pmtu(false) + 28 <= link as usize, "{link}");
         }
+        // The longest request packet (BTH, RETH, immediate data, a full payload, ICRC) and
+        // its ACK fit over IPv4, not over IPv6.
+        assert!(36 + BUNDLED_ACK_LEN <= max_over_pmtu(false));
+        assert!(36 + BUNDLED_ACK_LEN > max_over_pmtu(true));
     }
 
     #[test]
