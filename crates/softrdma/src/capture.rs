@@ -10,8 +10,9 @@
 //! the real one over IPv6 — so the ICRCs of softrdma's packets check in the capture. A GSO
 //! train is written as the datagrams it becomes on the wire; a request and the ACK
 //! bundled into its datagram (`softrdma_proto::wire::bundle`) as two datagrams, the two
-//! packets the peer handles, so that tools that know only the IBTA's framing check both. The file is bounded: writing
-//! stops at `SOFTRDMA_PCAP_MAX` bytes (default 64 MiB), with one line on standard error.
+//! packets the peer handles, so that tools that know only the IBTA's framing check both.
+//! The file is bounded: writing stops at `SOFTRDMA_PCAP_MAX` bytes (default 64 MiB), with
+//! one line on standard error.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};

@@ -639,18 +639,15 @@ impl CmAgent {
                     self.remove(id);
                     self.events.push_back(CmEvent::TimewaitExit { id });
                 }
-                CmState::ReqSent if std::mem::take(&mut c.unlistened) && c.last.is_some() => {
-                    // The resend of a REQ refused for want of a listener: no retry spent.
-                    let (peer, mad, timeout) = (c.peer, c.last.clone(), c.timeout);
-                    if let Some(mad) = mad {
-                        self.send(peer, mad);
+                _ if c.last.is_some()
+                    && ((c.unlistened && c.state == CmState::ReqSent) || c.retries_left > 0) =>
+                {
+                    // The resend of a REQ refused for want of a listener spends no retry.
+                    if !(std::mem::take(&mut c.unlistened) && c.state == CmState::ReqSent) {
+                        c.retries_left -= 1;
+                        self.stats.retransmits += 1;
                     }
-                    self.set_deadline(id, Some(now + timeout));
-                }
-                _ if c.retries_left > 0 && c.last.is_some() => {
-                    c.retries_left -= 1;
                     let (peer, mad, timeout) = (c.peer, c.last.clone(), c.timeout);
-                    self.stats.retransmits += 1;
                     if let Some(mad) = mad {
                         self.send(peer, mad);
                     }

@@ -50,6 +50,10 @@ pub enum Mtu {
     Mtu4096 = 5,
 }
 
+/// The bytes a device keeps between its path MTU and its link's MTU ([`Mtu::for_link`])
+/// for the IP, UDP and RoCE headers (rdma_cm subtracts 96, rxe 80; we take 96).
+pub const PMTU_HEADROOM: usize = 96;
+
 impl Mtu {
     /// Payload bytes per packet.
     pub const fn bytes(self) -> u32 {
@@ -66,12 +70,12 @@ impl Mtu {
             _ => return None,
         })
     }
-    /// The largest MTU whose packets fit a link of `link_mtu` bytes (RoCE subtracts the
-    /// IP, UDP, BTH and ICRC overhead; rdma_cm subtracts 96, rxe 80 — we take 96).
+    /// The largest MTU whose packets fit a link of `link_mtu` bytes, [`PMTU_HEADROOM`]
+    /// below it.
     pub fn for_link(link_mtu: u32) -> Option<Mtu> {
         [Mtu::Mtu4096, Mtu::Mtu2048, Mtu::Mtu1024, Mtu::Mtu512, Mtu::Mtu256]
             .into_iter()
-            .find(|m| m.bytes() + 96 <= link_mtu)
+            .find(|m| (m.bytes() as usize) + PMTU_HEADROOM <= link_mtu as usize)
     }
 }
 

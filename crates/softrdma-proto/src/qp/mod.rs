@@ -36,7 +36,7 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-pub use attr::{ModifyError, Mtu, QpAttr, QpAttrMask, QpState, QpType};
+pub use attr::{ModifyError, Mtu, QpAttr, QpAttrMask, QpState, QpType, PMTU_HEADROOM};
 pub use psnset::SACK_SPAN;
 pub use srq::{Srq, SrqId};
 pub use wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
@@ -880,11 +880,11 @@ impl QueuePair {
             Some(a)
                 if a.payload.is_empty()
                     && a.head_len + a.tail_len == bundle::BUNDLED_ACK_LEN
-                    && room >= 20 =>
+                    && room >= bundle::BUNDLED_ACK_LEN =>
             {
                 let at = t.tail_len;
                 t.tail[at..at + a.head_len].copy_from_slice(&head[..a.head_len]);
-                t.tail[at + a.head_len..at + 20].copy_from_slice(&a.tail[..a.tail_len]);
+                t.tail[at + a.head_len..at + bundle::BUNDLED_ACK_LEN].copy_from_slice(&a.tail[..a.tail_len]);
                 t.tail_len += bundle::BUNDLED_ACK_LEN;
                 self.stats.acks_bundled += 1;
             }

@@ -25,16 +25,16 @@
 //! path MTU, which keeps the datagram within the link's MTU: the sender appends the ACK
 //! only to a request that leaves room for it, and otherwise sends the two as before.
 
+use super::{Opcode, Operation, Transport};
+pub use crate::qp::PMTU_HEADROOM;
+
 /// The flag in BTH byte 8 (AckReq and seven reserved bits) that says an ACK follows the
 /// packet in the same datagram.
 pub const BUNDLED_ACK: u8 = 0x40;
 /// The offset of the byte that carries it.
 pub const FLAG_BYTE: usize = 8;
 /// The length of the ACK that rides along: BTH, AETH and ICRC.
-pub const BUNDLED_ACK_LEN: usize = 20;
-/// The headroom a device keeps between its path MTU and its link's MTU (`Mtu::for_link`),
-/// for the IP, UDP and RoCE headers.
-pub const PMTU_HEADROOM: usize = 96;
+pub const BUNDLED_ACK_LEN: usize = 12 + 4 + super::ICRC_LEN;
 
 /// How far a bundle's UDP payload may exceed the path MTU, so that its datagram stays
 /// within [`PMTU_HEADROOM`] of it: 68 bytes over IPv4 (20 bytes of IP header and 8 of
@@ -45,7 +45,10 @@ pub const fn max_over_pmtu(ipv6: bool) -> usize {
     PMTU_HEADROOM - if ipv6 { 48 } else { 28 }
 }
 /// The RC ACKNOWLEDGE opcode, which the last 20 bytes must start with.
-const RC_ACKNOWLEDGE: u8 = 0x11;
+const RC_ACKNOWLEDGE: u8 = match Opcode::from_parts(Transport::Rc, Operation::Acknowledge) {
+    Some(o) => o.code(),
+    None => panic!("RC ACKNOWLEDGE is in the opcode table"),
+};
 /// The shortest packet that can carry the flag: a BTH and an ICRC.
 const MIN_FIRST: usize = 16;
 
@@ -66,12 +69,6 @@ pub fn split(datagram: &[u8]) -> Option<(&[u8], &[u8])> {
 pub fn split_mut(datagram: &mut [u8]) -> Option<(&mut [u8], &mut [u8])> {
     let at = datagram.len() - split(datagram)?.1.len();
     Some(datagram.split_at_mut(at))
-}
-
-/// The destination QP number in a datagram's BTH (for a datagram at least a BTH long).
-pub fn dest_qpn(datagram: &[u8]) -> Option<u32> {
-    let b = datagram.get(5..8)?;
-    Some(u32::from_be_bytes([0, b[0], b[1], b[2]]))
 }
 
 #[cfg(test)]
@@ -145,13 +142,5 @@ mod tests {
         // its ACK fit over IPv4, not over IPv6.
         assert!(36 + BUNDLED_ACK_LEN <= max_over_pmtu(false));
         assert!(36 + BUNDLED_ACK_LEN > max_over_pmtu(true));
-    }
-
-    #[test]
-    fn the_destination_qp_is_the_bths_24_bits() {
-        let mut d = packet(16, 0x04, 0);
-        d[4..8].copy_from_slice(&[0xFF, 0x12, 0x34, 0x56]);
-        assert_eq!(dest_qpn(&d), Some(0x12_3456));
-        assert_eq!(dest_qpn(&d[..7]), None);
     }
 }
