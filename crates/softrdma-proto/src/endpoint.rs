@@ -141,6 +141,10 @@ struct Slot {
 /// Past it, the heap (a device with thousands of idle QPs looks at one entry).
 const SCAN_QPS: usize = 8;
 
+/// Packets a QP sends in a row before the next ready QP's turn: a 64 KiB message at MTU
+/// 4096, one GSO train.
+pub(crate) const BURST: u32 = 16;
+
 /// The QPs of one local address.
 #[derive(Debug)]
 pub struct Endpoint {
@@ -150,11 +154,17 @@ pub struct Endpoint {
     next_qpn: u32,
     /// With a key, QPNs are drawn from a keyed function of a counter instead of counting.
     qpn_key: Option<u64>,
+    /// `(index, count)`: every QPN drawn has `index` in its low bits (`count` a power of
+    /// two), so that a receiver steering datagrams by destination QPN finds this
+    /// endpoint's shard from the number alone (see [`Endpoint::set_qpn_shard`]).
+    qpn_shard: (u32, u32),
     pkeys: Vec<u16>,
     /// QPs touched since the last settle.
     touched: Vec<u32>,
     /// QPs that may have packets to send, in round-robin order.
     ready: VecDeque<u32>,
+    /// The QP that sent the last packets, and how many in a row (see `BURST`).
+    burst: (u32, u32),
     /// QPs that may have completions.
     pending: Vec<u32>,
     /// QP deadlines; an entry is live while it equals its slot's `armed`. Kept only in
@@ -182,9 +192,11 @@ impl Endpoint {
             srqs: BTreeMap::new(),
             next_qpn: FIRST_QPN,
             qpn_key: None,
+            qpn_shard: (0, 1),
             pkeys: vec![DEFAULT_PKEY],
             touched: Vec::new(),
             ready: VecDeque::new(),
+            burst: (0, 0),
             pending: Vec::new(),
             timers: BinaryHeap::new(),
             heap_mode: false,
@@ -205,6 +217,17 @@ impl Endpoint {
     /// fixed hasher keys: a keyed pseudo-random function as long as `key` stays secret.
     pub fn set_qpn_key(&mut self, key: u64) {
         self.qpn_key = Some(key);
+    }
+
+    /// Draws QP numbers from now on whose low bits are `index` modulo `count` (a power of
+    /// two, at most 2^16): the endpoint is shard `index` of `count` sharing one address
+    /// and port, and the kernel steers each datagram to its shard by those bits of the
+    /// destination QPN. Numbers 1 (the CM's QP1) and 0xFFFFFF (multicast) are never
+    /// drawn. A `count` that is not a power of two, or an `index` past it, is ignored.
+    pub fn set_qpn_shard(&mut self, index: u32, count: u32) {
+        if count.is_power_of_two() && count <= 1 << 16 && index < count {
+            self.qpn_shard = (index, count);
+        }
     }
 
     /// Starts the connection manager on QP1 (replacing one started before).
@@ -266,7 +289,9 @@ impl Endpoint {
                     n
                 }
             };
-            if n >= FIRST_QPN && !self.qps.contains_key(&n) {
+            let (index, count) = self.qpn_shard;
+            let n = (n & !(count - 1)) | index;
+            if n >= FIRST_QPN && n != crate::MASK_24 && !self.qps.contains_key(&n) {
                 break n;
             }
         };
@@ -611,10 +636,15 @@ impl Endpoint {
                 // Sending arms timers and may complete WQEs (UD): settle it again later.
                 touch(&mut self.touched, qpn, slot);
                 // A request whose ACK comes next keeps its QP first, so that no other QP's
-                // packet goes between the two (they leave as one train).
-                if slot.qp.take_ack_follows() {
+                // packet goes between the two (they leave as one train); so does a QP that
+                // has sent fewer than BURST packets in a row, so that each QP's packets
+                // leave as trains of their own (a receiver with shards steers a train by
+                // its first packet's QP), and QPs still take turns by the burst.
+                self.burst = if self.burst.0 == qpn { (qpn, self.burst.1 + 1) } else { (qpn, 1) };
+                if slot.qp.take_ack_follows() || self.burst.1 < BURST {
                     self.ready.push_front(qpn);
                 } else {
+                    self.burst = (0, 0);
                     self.ready.push_back(qpn);
                 }
                 return Some(t);
@@ -720,5 +750,40 @@ mod tests {
         e.destroy_qp(qpns[0]);
         assert!(!e.heap_mode, "{SCAN_QPS} QPs");
         assert!(e.timers.is_empty());
+    }
+
+    /// A shard's QPNs carry its index in their low bits, keyed or counting, and never
+    /// name QP1 or the multicast QPN.
+    #[test]
+    fn shard_qpns_carry_the_index() {
+        let local: SocketAddr = "10.0.0.1:4791".parse().unwrap();
+        let cfg = QpConfig {
+            qp_type: QpType::Rc,
+            pd: PdId(1),
+            local,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+            srq: None,
+        };
+        for key in [None, Some(7u64)] {
+            for index in 0..4 {
+                let mut e = Endpoint::new(local);
+                if let Some(k) = key {
+                    e.set_qpn_key(k);
+                }
+                e.set_qpn_shard(index, 4);
+                let mut seen = std::collections::BTreeSet::new();
+                for _ in 0..200 {
+                    let q = e.create_qp(cfg).get();
+                    assert_eq!(q & 3, index, "{q:#x}");
+                    assert!(q >= FIRST_QPN && q != crate::MASK_24);
+                    assert!(seen.insert(q));
+                }
+            }
+        }
+        // Not a power of two: ignored.
+        let mut e = Endpoint::new(local);
+        e.set_qpn_shard(1, 3);
+        assert_eq!(e.create_qp(cfg).get(), FIRST_QPN);
     }
 }

@@ -37,10 +37,10 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// by now, or [`CLOSE_WAIT`] passed), its socket closes just after its engine's last
 /// strong reference goes: allow a moment past that; a port still taken then is someone
 /// else's.
-fn bind_after_close(want: SocketAddr, closing: Option<Weak<Engine>>) -> Result<UdpLink> {
+fn bind_after_close(want: SocketAddr, closing: Option<Weak<Engine>>, shards: usize) -> Result<Vec<UdpLink>> {
     let since = Instant::now();
     loop {
-        match UdpLink::bind(want) {
+        match UdpLink::bind_shards(want, shards).map(|(links, _)| links) {
             Err(e @ crate::Error::AddressInUse { .. }) => {
                 let Some(engine) = &closing else { return Err(e) };
                 if engine.strong_count() > 0 || since.elapsed() > Duration::from_millis(50) {
@@ -149,9 +149,15 @@ impl Context {
                 Err(closing) => break (table, closing),
             }
         };
-        let link = bind_after_close(want, closing)?;
-        let local = link.local();
-        let inner = Arc::new(ContextInner::start(Engine::new(Box::new(link))?, device)?);
+        let links = bind_after_close(want, closing, crate::device::shards_env())?;
+        let local = links[0].local();
+        let count = links.len() as u32;
+        let mut engines: Vec<Engine> = Vec::with_capacity(links.len());
+        for (k, link) in links.into_iter().enumerate() {
+            let e = Engine::new_shard(Box::new(link), k as u32, count, engines.first())?;
+            engines.push(e);
+        }
+        let inner = Arc::new(ContextInner::start(engines, device)?);
         table.retain(|_, (_, e)| e.strong_count() > 0);
         table.insert(local, (Arc::downgrade(&inner), Arc::downgrade(&inner.engine)));
         release_acks_at_exit();
@@ -165,7 +171,7 @@ impl Context {
     pub fn open_in(net: &MemoryNetwork, addr: SocketAddr) -> Result<Context> {
         let link = net.attach(addr)?;
         let device = Device::in_memory(link.local().ip());
-        Ok(Context { inner: Arc::new(ContextInner::start(Engine::new(Box::new(link))?, device)?) })
+        Ok(Context { inner: Arc::new(ContextInner::start(vec![Engine::new(Box::new(link))?], device)?) })
     }
 
     /// The device.
@@ -222,25 +228,60 @@ impl Context {
     /// device of the process; see the README's "Debugging").
     pub fn capture_to(&self, path: impl AsRef<std::path::Path>, max_bytes: u64) -> crate::Result<()> {
         let c = crate::capture::Capture::create(path.as_ref(), max_bytes)?;
-        self.inner.engine.set_capture(Some(std::sync::Arc::new(std::sync::Mutex::new(c))));
+        let c = std::sync::Arc::new(std::sync::Mutex::new(c));
+        for e in &self.inner.shards {
+            e.set_capture(Some(c.clone()));
+        }
         Ok(())
     }
 
     /// Stops [`Self::capture_to`]'s capture (and `SOFTRDMA_PCAP`'s, for this device), and
     /// closes the file once no device writes to it.
     pub fn stop_capture(&self) {
-        self.inner.engine.set_capture(None);
+        for e in &self.inner.shards {
+            e.set_capture(None);
+        }
     }
 
-    /// Socket-level counters (batches, GSO and GRO trains).
+    /// Socket-level counters (batches, GSO and GRO trains), all shards together.
     pub fn io_stats(&self) -> crate::engine::IoStats {
-        self.inner.engine.io_stats()
+        let mut sum = crate::engine::IoStats::default();
+        for s in self.shard_io_stats() {
+            sum.send_calls += s.send_calls;
+            sum.packets_sent += s.packets_sent;
+            sum.gso_trains += s.gso_trains;
+            sum.recv_calls += s.recv_calls;
+            sum.packets_received += s.packets_received;
+            sum.gro_trains += s.gro_trains;
+            sum.oversize += s.oversize;
+            sum.strays += s.strays;
+        }
+        sum
+    }
+
+    /// Each shard's socket-level counters, shard 0 first (one entry unless the device is
+    /// sharded: `SOFTRDMA_SHARDS`).
+    pub fn shard_io_stats(&self) -> Vec<crate::engine::IoStats> {
+        self.inner.shards.iter().map(|e| e.io_stats()).collect()
     }
 
     /// Datagrams the device refused before any QP saw them (ICRC, malformed, unknown QP,
-    /// P_Key).
+    /// P_Key), all shards together.
     pub fn endpoint_stats(&self) -> softrdma_proto::endpoint::EndpointStats {
-        self.inner.engine.endpoint_stats()
+        let mut sum = softrdma_proto::endpoint::EndpointStats::default();
+        for e in &self.inner.shards {
+            let s = e.endpoint_stats();
+            sum.received += s.received;
+            sum.icrc_errors += s.icrc_errors;
+            sum.malformed += s.malformed;
+            sum.unknown_qp += s.unknown_qp;
+            sum.pkey_violations += s.pkey_violations;
+            sum.gsi_dropped += s.gsi_dropped;
+            sum.mcast_unattached += s.mcast_unattached;
+            sum.mcast_delivered += s.mcast_delivered;
+            sum.bundles += s.bundles;
+        }
+        sum
     }
 
     /// Regions registered on this device.

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Duration;
@@ -19,7 +19,7 @@ use std::time::Duration;
 use softrdma_proto::qp::WorkCompletion;
 
 use crate::device::{ContextInner, MAX_CQE};
-use crate::engine::CompletionSink;
+use crate::engine::{CompletionSink, Engine};
 use crate::sys::{self, EventFd};
 use crate::{Error, Result};
 
@@ -74,6 +74,9 @@ pub(crate) struct CqShared {
     /// Tasks awaiting a completion ([`CompletionQueue::next`]).
     wakers: Mutex<Vec<Waker>>,
     has_wakers: AtomicBool,
+    /// The shards of a sharded device whose QPs complete here, a bit each (shard 0's
+    /// always): the ones a poll drives.
+    shards: AtomicU64,
 }
 
 impl CompletionSink for CqShared {
@@ -89,6 +92,11 @@ impl CompletionSink for CqShared {
 }
 
 impl CqShared {
+    /// A QP of shard `k` completes here.
+    pub(crate) fn add_shard(&self, k: usize) {
+        self.shards.fetch_or(1 << (k % 64), Ordering::Relaxed);
+    }
+
     /// Queues a completion; false if the CQ is now over its size (an overrun: the
     /// completion is kept, the caller raises the error).
     fn push_wc(&self, wc: WorkCompletion) -> bool {
@@ -189,6 +197,7 @@ impl CompletionQueue {
             channel: channel.map(|c| c.shared.clone()),
             wakers: Mutex::new(Vec::new()),
             has_wakers: AtomicBool::new(false),
+            shards: AtomicU64::new(1),
         });
         Ok(CompletionQueue { shared, ctx })
     }
@@ -203,17 +212,25 @@ impl CompletionQueue {
         self.shared.cap
     }
 
+    /// Runs `f` on each engine whose QPs complete here: the device's, or the shards of a
+    /// sharded device that hold them.
+    fn each_engine(&self, mut f: impl FnMut(&Engine)) {
+        each_engine(&self.ctx, &self.shared, &mut f);
+    }
+
     /// Fills `out` with up to `out.len()` completions; returns how many. Drives the engine
     /// once when nothing is queued.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
         let n = self.shared.pop_into(out);
         if n > 0 {
-            self.ctx.engine.polled_full();
+            self.each_engine(Engine::polled_full);
         }
         if n > 0 || out.is_empty() {
             return n;
         }
-        self.ctx.engine.try_progress();
+        self.each_engine(|e| {
+            e.try_progress();
+        });
         let n = self.shared.pop_into(out);
         if n > 0 {
             stage!(Polled);
@@ -227,12 +244,14 @@ impl CompletionQueue {
     pub fn poll_timestamped(&self, out: &mut [WorkCompletion], ts: &mut [u64]) -> usize {
         let n = self.shared.pop_stamped(out, ts);
         if n > 0 {
-            self.ctx.engine.polled_full();
+            self.each_engine(Engine::polled_full);
         }
         if n > 0 || out.is_empty() {
             return n;
         }
-        self.ctx.engine.try_progress();
+        self.each_engine(|e| {
+            e.try_progress();
+        });
         let n = self.shared.pop_stamped(out, ts);
         if n > 0 {
             stage!(Polled);
@@ -292,7 +311,7 @@ impl CompletionQueue {
         self.shared.armed.store(mode, Ordering::SeqCst);
         // A program arms a CQ to wait for its event: what a burst of posts left for the next
         // poll goes now.
-        self.ctx.engine.send_deferred();
+        self.each_engine(Engine::send_deferred);
         Ok(())
     }
 }
@@ -337,8 +356,21 @@ impl Future for NextCompletion<'_> {
         }
         // The task waits: what a burst of posts left unsent must not wait with it (not if
         // another thread holds the engine: a waker may poll from inside a delivery).
-        self.cq.ctx.engine.try_send_deferred();
+        each_engine(&self.cq.ctx, &self.cq.shared, &mut Engine::try_send_deferred);
         Poll::Pending
+    }
+}
+
+/// [`CompletionQueue::each_engine`], for callers holding the parts.
+fn each_engine(ctx: &ContextInner, cq: &CqShared, f: &mut dyn FnMut(&Engine)) {
+    if ctx.shards.len() == 1 {
+        return f(&ctx.engine);
+    }
+    let mask = cq.shards.load(Ordering::Relaxed);
+    for (k, e) in ctx.shards.iter().enumerate() {
+        if mask & (1 << (k % 64)) != 0 {
+            f(e);
+        }
     }
 }
 
@@ -512,8 +544,12 @@ impl CompletionChannel {
             if left.is_zero() {
                 return Ok(None);
             }
-            if passive {
-                self.ctx.engine.app_blocking();
+            // A sharded device's arrivals come on several sockets: its progress threads
+            // take them.
+            if passive || self.ctx.shards.len() > 1 {
+                for e in &self.ctx.shards {
+                    e.app_blocking();
+                }
                 sys::wait_readable_any(&[self.shared.efd.as_raw_fd()], Some(left))?;
                 continue;
             }

@@ -373,26 +373,76 @@ pub fn default_port() -> u16 {
     std::env::var(PORT_ENV).ok().and_then(|p| p.parse().ok()).filter(|&p| p != 0).unwrap_or(ROCEV2_PORT)
 }
 
-/// An opened device, shared by its objects: the engine, the device's description, and
-/// the progress thread, stopped when the last object goes.
+/// An opened device, shared by its objects: the engine (shard 0, and the other shards of
+/// a sharded device), the device's description, and the progress threads, stopped when
+/// the last object goes.
 #[derive(Debug)]
 pub(crate) struct ContextInner {
+    /// Shard 0: the CM, SRQs, UD QPs, asynchronous events; the only one unless sharded.
     pub(crate) engine: Arc<Engine>,
+    /// Every shard by index, shard 0 first.
+    pub(crate) shards: Vec<Arc<Engine>>,
     pub(crate) device: Device,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
     pub(crate) next_pd: Mutex<u32>,
+    /// Where the next RC or UC QP goes (round robin over the shards).
+    next_shard: std::sync::atomic::AtomicUsize,
 }
 
+/// `SOFTRDMA_SHARDS`: how many shards a device opened on UDP gets (a power of two, at most
+/// [`MAX_SHARDS`]); 1, one engine and one socket, unless set.
+pub(crate) fn shards_env() -> usize {
+    std::env::var("SOFTRDMA_SHARDS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| n.is_power_of_two() && *n <= MAX_SHARDS)
+        .unwrap_or(1)
+}
+
+/// The most shards a device may have.
+pub(crate) const MAX_SHARDS: usize = 64;
+
 impl ContextInner {
-    /// Starts the engine's progress thread.
-    pub(crate) fn start(engine: Engine, device: Device) -> Result<ContextInner> {
-        let engine = Arc::new(engine);
-        crate::introspect::register(&engine, &device.name);
-        let runner = engine.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("softrdma-{}", device.name))
-            .spawn(move || runner.run())?;
-        Ok(ContextInner { engine, device, thread: Some(thread), next_pd: Mutex::new(1) })
+    /// Starts the engines' progress threads: one per shard.
+    pub(crate) fn start(engines: Vec<Engine>, device: Device) -> Result<ContextInner> {
+        let shards: Vec<Arc<Engine>> = engines.into_iter().map(Arc::new).collect();
+        Engine::set_shards(&shards);
+        let mut threads = Vec::with_capacity(shards.len());
+        for (k, engine) in shards.iter().enumerate() {
+            let name = if k == 0 { device.name.clone() } else { format!("{}/{k}", device.name) };
+            crate::introspect::register(engine, &name);
+            let runner = engine.clone();
+            let spawned =
+                std::thread::Builder::new().name(format!("softrdma-{name}")).spawn(move || runner.run());
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    for e in &shards {
+                        e.stop();
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(ContextInner {
+            engine: shards[0].clone(),
+            shards,
+            device,
+            threads,
+            next_pd: Mutex::new(1),
+            next_shard: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// The shard a new QP goes to: RC and UC QPs without an SRQ in turn over the shards,
+    /// the rest (UD and its multicast, SRQs) on shard 0.
+    pub(crate) fn place_qp(&self, qp_type: softrdma_proto::qp::QpType, srq: bool) -> (usize, &Arc<Engine>) {
+        use softrdma_proto::qp::QpType;
+        if self.shards.len() == 1 || srq || !matches!(qp_type, QpType::Rc | QpType::Uc) {
+            return (0, &self.engine);
+        }
+        let k = self.next_shard.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.shards.len();
+        (k, &self.shards[k])
     }
 }
 
@@ -405,9 +455,11 @@ impl ContextInner {
 
 impl Drop for ContextInner {
     fn drop(&mut self) {
-        self.engine.stop();
+        for e in &self.shards {
+            e.stop();
+        }
         tracing::debug!(device = %self.device.name, io = ?self.engine.io_stats(), "closing");
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             // The last handle can go on the progress thread itself (an object dropped
             // while it hands out events): it then stops on its own, holding the engine
             // until it does.

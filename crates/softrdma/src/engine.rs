@@ -17,7 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use softrdma_proto::cm::{CmAgent, CmConfig, CmError, CmEvent, CmState, CommId, Rep, Req};
@@ -71,6 +71,8 @@ const POST_BURST: Duration = Duration::from_micros(4);
 const DEFER_MAX: u32 = 32;
 /// The largest message a burst's post leaves for the next pass (one packet at most MTUs).
 const SMALL_WR: u64 = 4096;
+/// Datagrams a shard holds for another at most (see `Engine::hand_over`).
+const STRAYS_MAX: usize = 4096;
 
 /// How long the progress thread naps while an application thread busy-polls, between
 /// checks that the polling goes on.
@@ -206,6 +208,9 @@ pub struct IoStats {
     /// path MTU is above what the link carries (a 1500-byte Ethernet MTU carries RoCE
     /// MTU 1024 at most), and its packets are lost until it is lowered.
     pub oversize: u64,
+    /// Datagrams a shard of a sharded device received for another shard's QP and handed
+    /// to it (0 while the kernel steers every datagram to its shard).
+    pub strays: u64,
 }
 
 #[derive(Debug, Default)]
@@ -217,6 +222,7 @@ struct IoCounters {
     packets_received: AtomicU64,
     gro_trains: AtomicU64,
     oversize: AtomicU64,
+    strays: AtomicU64,
 }
 
 /// An asynchronous event (`ibv_async_event`).
@@ -253,9 +259,8 @@ struct Core {
     /// multiplication hashes it; QP numbers are the device's own, so the default hasher's
     /// resistance to chosen keys would buy nothing).
     routes: HashMap<u32, Route, crate::memory::KeyHashing>,
-    events: VecDeque<AsyncEvent>,
-    /// Readable while `events` is not empty (`ibv_context.async_fd`).
-    async_efd: EventFd,
+    /// The device's asynchronous events, shared by its shards.
+    events: Arc<AsyncQueue>,
     link: Box<dyn Link>,
     slots: Vec<u8>,
     out: Vec<OutMsg>,
@@ -274,10 +279,68 @@ struct Core {
     capture: Option<crate::capture::SharedCapture>,
 }
 
-/// One opened device, shared by all its objects and its progress thread.
+/// A device's asynchronous events (`ibv_get_async_event`), which all its shards raise.
+#[derive(Debug)]
+pub(crate) struct AsyncQueue {
+    events: Mutex<VecDeque<AsyncEvent>>,
+    /// Readable while `events` is not empty (`ibv_context.async_fd`); signalled and drained
+    /// under `events`' lock.
+    efd: EventFd,
+}
+
+impl AsyncQueue {
+    fn new() -> std::io::Result<AsyncQueue> {
+        let efd = EventFd::exposed()?;
+        efd.signal(); // PortActive is queued.
+        Ok(AsyncQueue { events: Mutex::new(VecDeque::from([AsyncEvent::PortActive])), efd })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, VecDeque<AsyncEvent>> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The shard a datagram belongs to, among `shards` (a power of two): the low bits of its
+/// destination QPN, QP1 and the multicast QPN on shard 0, as the kernel's steering program
+/// computes it (`sys::attach_qpn_steering`). A bundle's two packets name the same QP.
+fn shard_of(bytes: &[u8], shards: u32) -> u32 {
+    let Some(q) = bytes.get(5..8) else { return 0 };
+    qpn_shard(u32::from_be_bytes([0, q[0], q[1], q[2]]), shards)
+}
+
+/// The shard of QP number `qpn` (see [`shard_of`]).
+fn qpn_shard(qpn: u32, shards: u32) -> u32 {
+    if qpn == 1 || qpn == softrdma_proto::MASK_24 {
+        0
+    } else {
+        qpn & (shards - 1)
+    }
+}
+
+/// A device's engines when it is sharded: each owns the QPs whose numbers carry its index
+/// in their low bits, with its own socket in the device's `SO_REUSEPORT` group, its own
+/// lock and its own progress thread; shard 0 also runs the CM, the SRQs and the UD QPs.
+/// Memory regions are entered in every shard under the same keys.
+#[derive(Debug)]
+struct Sharding {
+    /// This engine's index, and how many shards the device has (a power of two).
+    index: u32,
+    count: u32,
+    /// Every shard of the device by index, this one included (set once all exist).
+    all: OnceLock<Vec<Weak<Engine>>>,
+    /// Datagrams another shard received for this one's QPs (the kernel's steering
+    /// program missing, or a GRO train that merged packets to several QPs), taken by the
+    /// next pass; `waiting` is set while there are any.
+    inbox: Mutex<Vec<(Arrival, Vec<u8>)>>,
+    waiting: AtomicBool,
+}
+
+/// One opened device (or one shard of it), shared by all its objects and its progress
+/// thread.
 #[derive(Debug)]
 pub(crate) struct Engine {
     core: Mutex<Core>,
+    sharding: Sharding,
     /// The link's file descriptors, for threads that wait on arrivals.
     link_fds: Vec<RawFd>,
     wake: EventFd,
@@ -353,9 +416,10 @@ impl Drop for WatchGuard<'_> {
     }
 }
 
-/// The GSO train being built: ((destination, TOS), segment size, segments, bytes, still
-/// open).
-type Train = ((SocketAddr, u8), usize, usize, usize, bool);
+/// The GSO train being built: ((destination, TOS, destination QPN), segment size,
+/// segments, bytes, still open). A train carries one QP's packets: a receiving device
+/// with shards gets each train on the socket of the shard its first packet names.
+type Train = ((SocketAddr, u8, u32), usize, usize, usize, bool);
 
 /// The running agent.
 fn agent(core: &mut Core) -> Result<&mut CmAgent> {
@@ -380,21 +444,35 @@ fn ns(d: Duration) -> u64 {
 
 impl Engine {
     pub(crate) fn new(link: Box<dyn Link>) -> std::io::Result<Engine> {
+        Engine::new_shard(link, 0, 1, None)
+    }
+
+    /// Shard `index` of `count` (a power of two) of a device; `primary`, shard 0, for the
+    /// others: they raise their asynchronous events on its queue. Link the shards with
+    /// [`Engine::set_shards`] once all exist.
+    pub(crate) fn new_shard(
+        link: Box<dyn Link>,
+        index: u32,
+        count: u32,
+        primary: Option<&Engine>,
+    ) -> std::io::Result<Engine> {
         crate::init_logging();
         let local = link.local();
         let link_fds = link.fds();
-        let async_efd = EventFd::exposed()?;
-        async_efd.signal(); // PortActive is queued.
-        let async_fd = async_efd.as_raw_fd();
+        let events = match primary {
+            Some(p) => p.lock().events.clone(),
+            None => Arc::new(AsyncQueue::new()?),
+        };
+        let async_fd = events.efd.as_raw_fd();
         let mut endpoint = Endpoint::new(local);
         // Unguessable QP numbers: a blind attacker must guess 24 bits to reach a QP.
         endpoint.set_qpn_key(crate::random_u64());
+        endpoint.set_qpn_shard(index, count);
         let core = Core {
             endpoint,
             mem: Registry::new(),
             routes: HashMap::default(),
-            events: VecDeque::from([AsyncEvent::PortActive]),
-            async_efd,
+            events,
             link,
             slots: vec![0; BATCH * SLOT],
             out: Vec::with_capacity(BATCH),
@@ -407,6 +485,13 @@ impl Engine {
         };
         Ok(Engine {
             core: Mutex::new(core),
+            sharding: Sharding {
+                index,
+                count,
+                all: OnceLock::new(),
+                inbox: Mutex::new(Vec::new()),
+                waiting: AtomicBool::new(false),
+            },
             link_fds,
             wake: EventFd::new()?,
             async_fd,
@@ -434,6 +519,62 @@ impl Engine {
     /// The device's address and port.
     pub(crate) fn local(&self) -> SocketAddr {
         self.local
+    }
+
+    /// Tells each shard of a device about the others (`all`, by index).
+    pub(crate) fn set_shards(all: &[Arc<Engine>]) {
+        let weak: Vec<Weak<Engine>> = all.iter().map(Arc::downgrade).collect();
+        for e in all {
+            let _ = e.sharding.all.set(weak.clone());
+        }
+    }
+
+    /// The shard that owns QP `qpn`.
+    pub(crate) fn shard_of_qpn(&self, qpn: Qpn) -> u32 {
+        qpn_shard(qpn.get(), self.sharding.count)
+    }
+
+    /// Shard `index` of this engine's device, if it is another one and still there.
+    fn sibling(&self, index: u32) -> Option<Arc<Engine>> {
+        self.sharding.all.get()?.get(index as usize)?.upgrade()
+    }
+
+    /// Hands datagrams this shard received for other shards' QPs to them, and wakes them.
+    fn hand_over(&self, strays: &mut Vec<(Arrival, Vec<u8>)>) {
+        self.io.strays.fetch_add(strays.len() as u64, Ordering::Relaxed);
+        let count = self.sharding.count;
+        for k in 0..count {
+            if !strays.iter().any(|(_, b)| shard_of(b, count) == k) {
+                continue;
+            }
+            let Some(to) = self.sibling(k) else { continue };
+            let mut inbox = to.sharding.inbox.lock().unwrap_or_else(|p| p.into_inner());
+            // Bounded as a socket's buffer is: what a shard that stopped passing would
+            // leave is lost, as a full socket loses it.
+            let room = STRAYS_MAX.saturating_sub(inbox.len());
+            inbox.extend(strays.iter().filter(|(_, b)| shard_of(b, count) == k).take(room).cloned());
+            drop(inbox);
+            to.sharding.waiting.store(true, Ordering::Release);
+            to.wake.signal();
+        }
+        strays.clear();
+    }
+
+    /// Runs `f` on QP `qpn` wherever it lives: in this engine, which `core` is, or in
+    /// another shard, whose lock is taken under this one's (the CM's calls, on shard 0: a
+    /// shard's lock is only ever taken under shard 0's, never the reverse); that shard then
+    /// sends what `f` readied and delivers its completions.
+    fn on_qp<R>(&self, core: &mut Core, qpn: Qpn, f: impl FnOnce(&mut QueuePair) -> R) -> Option<R> {
+        let owner = self.shard_of_qpn(qpn);
+        if owner == self.sharding.index {
+            return core.endpoint.qp_mut(qpn).map(f);
+        }
+        let other = self.sibling(owner)?;
+        let mut them = other.lock();
+        let r = them.endpoint.qp_mut(qpn).map(f);
+        other.flush(&mut them);
+        other.nudge(&mut them);
+        r
     }
 
     /// Protocol time: nanoseconds since the device was opened.
@@ -477,8 +618,7 @@ impl Engine {
     /// its connection is closed (a DREQ leaves before any QP's packets in a batch), so
     /// that the peer hears about everything that arrived.
     fn release_acks(&self, core: &mut Core, qpn: Qpn) {
-        if let Some(qp) = core.endpoint.qp_mut(qpn) {
-            qp.send_acks_now();
+        if self.on_qp(core, qpn, QueuePair::send_acks_now).is_some() {
             self.flush(core);
         }
     }
@@ -487,6 +627,13 @@ impl Engine {
     /// exit. Waits for the engine lock at most `EXIT_LOCK_WAIT`: an exit never hangs on a
     /// thread that holds it.
     pub(crate) fn release_all_acks(&self) {
+        if self.sharding.index == 0 {
+            for k in 1..self.sharding.count {
+                if let Some(s) = self.sibling(k) {
+                    s.release_all_acks();
+                }
+            }
+        }
         let since = Instant::now();
         let mut core = loop {
             match self.core.try_lock() {
@@ -656,6 +803,15 @@ impl Engine {
         attr: &QpAttr,
         prepare: impl FnOnce(&mut QueuePair),
     ) -> Result<()> {
+        // What shard 0, which runs the CM, knows of the peer (see below), asked before
+        // this shard's lock is taken (never shard 0's under another's).
+        let foreign_to_cm = match self.sibling(0).filter(|_| self.sharding.index != 0) {
+            Some(primary) => {
+                let remote = attr.remote.or_else(|| self.with_qp(qpn, |q| q.remote()).flatten());
+                remote.is_some_and(|r| primary.cm_knows_foreign(r.ip()))
+            }
+            None => false,
+        };
         let mut core = self.lock();
         let qp = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         prepare(qp);
@@ -672,7 +828,7 @@ impl Engine {
         // moves to RTR itself (UCX's) gets no flag from the CM.
         if let Some(remote) = qp.remote().filter(|_| !qp.foreign_peer()) {
             let unannounced = core.cm_unannounced.get(&remote.ip()).copied().unwrap_or(false);
-            if unannounced || core.endpoint.peer_is_foreign(remote.ip()) {
+            if unannounced || foreign_to_cm || core.endpoint.peer_is_foreign(remote.ip()) {
                 if let Some(qp) = core.endpoint.qp_mut(qpn) {
                     qp.set_foreign_peer(true);
                 }
@@ -687,6 +843,13 @@ impl Engine {
         self.flush(&mut core);
         self.nudge(&mut core);
         Ok(())
+    }
+
+    /// Whether this engine found `peer` foreign: its CM messages needed the ID-agnostic
+    /// ICRC check, or its last REQ or REP lacked softrdma's ECE.
+    fn cm_knows_foreign(&self, peer: IpAddr) -> bool {
+        let core = self.lock();
+        core.cm_unannounced.get(&peer).copied().unwrap_or(false) || core.endpoint.peer_is_foreign(peer)
     }
 
     /// Marks a QP's peers as foreign or softrdma.
@@ -828,6 +991,11 @@ impl Engine {
         self.lock().mem.deregister(lkey);
     }
 
+    /// Enters a region shard 0 registered in this shard, under the same keys.
+    pub(crate) fn adopt(&self, mr: &Arc<MrInner>) {
+        self.lock().mem.adopt(mr);
+    }
+
     pub(crate) fn mr_count(&self) -> usize {
         self.lock().mem.len()
     }
@@ -835,11 +1003,12 @@ impl Engine {
     // ---- Device ------------------------------------------------------------------------
 
     pub(crate) fn pop_async_event(&self) -> Option<AsyncEvent> {
-        let mut core = self.lock();
-        let ev = core.events.pop_front();
+        let queue = self.lock().events.clone();
+        let mut events = queue.lock();
+        let ev = events.pop_front();
         // Under the lock that pushes signal, so the fd is readable exactly while one waits.
-        if core.events.is_empty() {
-            core.async_efd.drain();
+        if events.is_empty() {
+            queue.efd.drain();
         }
         ev
     }
@@ -868,6 +1037,7 @@ impl Engine {
             packets_received: g(&c.packets_received),
             gro_trains: g(&c.gro_trains),
             oversize: g(&c.oversize),
+            strays: g(&c.strays),
         }
     }
 
@@ -960,11 +1130,11 @@ impl Engine {
     ) -> Result<()> {
         self.with_cm(|core, now| {
             if let Some((qpn, attrs, foreign)) = qp {
-                let q = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
-                q.set_foreign_peer(foreign);
-                for a in &attrs {
-                    q.modify(a)?;
-                }
+                self.on_qp(core, qpn, |q| {
+                    q.set_foreign_peer(foreign);
+                    attrs.iter().try_for_each(|a| q.modify(a))
+                })
+                .ok_or(Error::InvalidArgument("QP destroyed"))??;
                 if let Some(r) = core.cm_routes.get_mut(&comm) {
                     r.qpn = Some(qpn);
                 }
@@ -1006,9 +1176,9 @@ impl Engine {
         self.with_cm(|core, now| {
             if let Some(q) = qpn {
                 self.release_acks(core, q);
-            }
-            if let Some(q) = qpn.and_then(|q| core.endpoint.qp_mut(q)) {
-                let _ = q.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
+                self.on_qp(core, q, |q| {
+                    let _ = q.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
+                });
             }
             let cm = agent(core)?;
             match cm.disconnect(now, comm, &[]) {
@@ -1096,13 +1266,12 @@ impl Engine {
                     if let (Some(a), Some(peer)) = (active, peer) {
                         let attrs =
                             crate::cm::active_attrs(&a.req, rep, SocketAddr::new(peer, self.local.port()));
-                        let ready = match core.endpoint.qp_mut(a.qpn) {
-                            Some(q) => {
+                        let ready = self
+                            .on_qp(core, a.qpn, |q| {
                                 q.set_foreign_peer(foreign);
                                 attrs.iter().try_for_each(|at| q.modify(at)).is_ok()
-                            }
-                            None => false,
-                        };
+                            })
+                            .unwrap_or(false);
                         let cm = core.endpoint.cm_mut();
                         if ready {
                             let _ = cm.map(|c| c.rtu(comm, &[]));
@@ -1117,9 +1286,10 @@ impl Engine {
                     }
                 }
                 CmEvent::Rejected { .. } | CmEvent::Unreachable { .. } | CmEvent::Disconnected { .. } => {
-                    let qpn = core.cm_routes.get(&comm).and_then(|r| r.qpn);
-                    if let Some(q) = qpn.and_then(|q| core.endpoint.qp_mut(q)) {
-                        let _ = q.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
+                    if let Some(qpn) = core.cm_routes.get(&comm).and_then(|r| r.qpn) {
+                        self.on_qp(core, qpn, |q| {
+                            let _ = q.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
+                        });
                     }
                 }
                 _ => {}
@@ -1223,10 +1393,29 @@ impl Engine {
     fn progress(&self, core: &mut Core, polled: bool) -> bool {
         let now = self.now();
         let mut received = false;
+        let (shard, shards) = (self.sharding.index, self.sharding.count);
+        if shards > 1 && self.sharding.waiting.swap(false, Ordering::AcqRel) {
+            received |= self.take_strays(core, now);
+        }
+        let mut strays: Vec<(Arrival, Vec<u8>)> = Vec::new();
         for _ in 0..8 {
             let Core { endpoint, mem, link, capture, .. } = &mut *core;
             let mut cap = capture.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()));
             let got = link.recv(&mut |meta, bytes| {
+                if shards > 1 {
+                    let owner = shard_of(bytes, shards);
+                    if owner != shard {
+                        // Group traffic reaches shard 0 by its own sockets: a copy here
+                        // (a wildcard address) is not handed on.
+                        if bytes.get(5..8) != Some(&[0xff; 3][..]) {
+                            strays.push((
+                                Arrival { src: meta.src, dst: meta.dst, tos: meta.tos },
+                                bytes.to_vec(),
+                            ));
+                        }
+                        return;
+                    }
+                }
                 stage!(PacketIn);
                 if let Some(c) = cap.as_mut() {
                     c.packet(meta.src, meta.dst, meta.tos, bytes);
@@ -1254,6 +1443,9 @@ impl Engine {
                 break;
             }
         }
+        if !strays.is_empty() {
+            self.hand_over(&mut strays);
+        }
         if core.endpoint.poll_timeout().is_some_and(|t| t <= now) {
             core.endpoint.handle_timeout(now);
         }
@@ -1275,6 +1467,24 @@ impl Engine {
             stage!(PassDone);
         }
         received
+    }
+
+    /// Handles the datagrams other shards received for this one's QPs; whether there were
+    /// any.
+    fn take_strays(&self, core: &mut Core, now: Duration) -> bool {
+        let strays = std::mem::take(&mut *self.sharding.inbox.lock().unwrap_or_else(|p| p.into_inner()));
+        let Core { endpoint, mem, capture, .. } = &mut *core;
+        let mut cap = capture.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()));
+        for (arrival, bytes) in &strays {
+            if let Some(c) = cap.as_mut() {
+                c.packet(arrival.src, arrival.dst, arrival.tos, bytes);
+            }
+            endpoint.handle_datagram(now, *arrival, bytes, mem);
+        }
+        if let Some(c) = cap.as_mut() {
+            c.flush();
+        }
+        !strays.is_empty()
     }
 
     /// Sends every packet the QPs have ready, then delivers completions. Consecutive
@@ -1304,14 +1514,15 @@ impl Engine {
                 let Some(t) = endpoint.poll_transmit(now, head, mem) else { break };
                 stage!(PacketBuilt);
                 let len = t.len();
+                let qpn = head.get(5..8).map_or(0, |q| u32::from_be_bytes([0, q[0], q[1], q[2]]));
                 let joins = gso
                     && !t.alone
                     && matches!(train, Some((dst, size, segs, bytes, true))
-                        if dst == (t.dst, t.tos) && len <= size && segs < GSO_MAX_SEGS && bytes + len <= GSO_MAX_BYTES);
+                        if dst == (t.dst, t.tos, qpn) && len <= size && segs < GSO_MAX_SEGS && bytes + len <= GSO_MAX_BYTES);
                 if !joins {
                     let iov = iov_pool.pop().unwrap_or_else(|| crate::sys::EmptyIovs::with_capacity(8));
                     msgs.push(OutMsg::with_iov(local, t.dst, t.tos, iov));
-                    train = Some(((t.dst, t.tos), len, 0, 0, !t.alone));
+                    train = Some(((t.dst, t.tos, qpn), len, 0, 0, !t.alone));
                 }
                 let (Some(msg), Some(tr)) = (msgs.last_mut(), train.as_mut()) else { break };
                 tr.2 += 1;
@@ -1395,8 +1606,12 @@ impl Engine {
 
     /// Queues an asynchronous event and makes `async_fd` readable.
     fn raise(core: &mut Core, ev: AsyncEvent) {
-        core.events.push_back(ev);
-        core.async_efd.signal();
+        let mut events = core.events.lock();
+        if matches!(ev, AsyncEvent::CqError { .. }) && events.contains(&ev) {
+            return;
+        }
+        events.push_back(ev);
+        core.events.efd.signal();
     }
 
     /// Moves completions from the QPs that have some to their sinks.
@@ -1423,9 +1638,7 @@ impl Engine {
             for (qpn, cq) in overrun.drain(..) {
                 // Verbs semantics: an overrun CQ is an error; its QP fails. Nothing is
                 // lost: the completions stay queued beyond the CQ's size.
-                if !core.events.contains(&AsyncEvent::CqError { cq }) {
-                    Self::raise(core, AsyncEvent::CqError { cq });
-                }
+                Self::raise(core, AsyncEvent::CqError { cq });
                 if let Some(qp) = core.endpoint.qp_mut(qpn) {
                     let was = qp.state();
                     let _ = qp.modify(&QpAttr { state: Some(QpState::Error), ..Default::default() });
@@ -1634,6 +1847,8 @@ impl Engine {
                 if !watched && link_quiet {
                     skip = self.poller_at_work(&mut polled, &mut left_behind);
                 }
+                // Another shard handed this one datagrams: a pass takes them.
+                skip &= !self.sharding.waiting.load(Ordering::Acquire);
                 if !skip {
                     // A pass comes next, and maybe no nap after it: posts send at once.
                     self.polled_nap.store(false, Ordering::SeqCst);
@@ -1647,6 +1862,7 @@ impl Engine {
                 let end = timeout.map_or(t + SPIN_AFTER_RX, |d| (self.now() + d).min(t + SPIN_AFTER_RX));
                 while !self.stop.load(Ordering::Relaxed)
                     && self.now() < end
+                    && !self.sharding.waiting.load(Ordering::Relaxed)
                     && sys::wait_readable_any(&self.link_fds, Some(Duration::ZERO)).unwrap_or(1) == 0
                 {
                     std::hint::spin_loop();

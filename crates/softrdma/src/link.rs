@@ -116,7 +116,35 @@ impl fmt::Debug for UdpLink {
 impl UdpLink {
     /// Binds the device socket on `addr` (port 0 picks one).
     pub(crate) fn bind(addr: SocketAddr) -> Result<UdpLink> {
-        let socket = bind(addr)?;
+        UdpLink::with_socket(bind(addr, false)?)
+    }
+
+    /// Binds `n` device sockets on `addr` (port 0 picks one), one per shard of the device,
+    /// in one `SO_REUSEPORT` group whose datagrams the kernel steers to the shard named
+    /// by the low bits of their destination QPN (see [`sys::attach_qpn_steering`]); `n`
+    /// a power of two. Returns the links in shard order and whether the steering program
+    /// took (without it the kernel spreads datagrams by its own hash, and the shards hand
+    /// each other what they were not meant to get). One socket, as [`UdpLink::bind`]
+    /// makes, when `n` is 1.
+    pub(crate) fn bind_shards(addr: SocketAddr, n: usize) -> Result<(Vec<UdpLink>, bool)> {
+        if n <= 1 {
+            return Ok((vec![UdpLink::bind(addr)?], true));
+        }
+        // The address must be free: a group of another process of this user would let our
+        // sockets join it. A plain bind says so (and picks the port for port 0); the group
+        // binds the same port a moment later.
+        let port = bind(addr, false)?.local_addr()?.port();
+        let at = SocketAddr::new(addr.ip(), port);
+        let links = (0..n).map(|_| UdpLink::with_socket(bind(at, true)?)).collect::<Result<Vec<_>>>()?;
+        let steered = std::env::var("SOFTRDMA_STEER").as_deref() != Ok("0")
+            && sys::attach_qpn_steering(links[0].sockets[0].0.as_raw_fd(), n as u32);
+        if !steered {
+            tracing::warn!(shards = n, "no QPN steering program: the shards hand datagrams to each other");
+        }
+        Ok((links, steered))
+    }
+
+    fn with_socket(socket: UdpSocket) -> Result<UdpLink> {
         let local = canonical(socket.local_addr()?);
         let ifindex = sys::interfaces::find(local.ip()).ok().flatten().map_or(0, |i| i.index);
         let s2 = socket2::SockRef::from(&socket);
@@ -307,11 +335,16 @@ fn grow_recv_buffer(s: &socket2::Socket) {
 /// can be computed for the header the kernel writes), big buffers, the TOS byte (and, on a
 /// wildcard address, the destination address) reported with each datagram, GRO, and
 /// zero-checksum UDP accepted on IPv6 (rxe sends it).
-fn bind(addr: SocketAddr) -> Result<UdpSocket> {
+/// With `reuseport`, the socket joins the `SO_REUSEPORT` group on `addr` (a sharded
+/// device's).
+fn bind(addr: SocketAddr, reuseport: bool) -> Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
     let s = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
     let fd = s.as_raw_fd();
+    if reuseport {
+        s.set_reuse_port(true)?;
+    }
     if addr.is_ipv4() {
         sys::setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO);
     } else {

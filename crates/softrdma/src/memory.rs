@@ -403,6 +403,13 @@ impl Registry {
         mr
     }
 
+    /// Enters a region another shard of the device registered, under its keys (which that
+    /// shard chose; shards other than 0 never choose keys of their own).
+    pub(crate) fn adopt(&mut self, mr: &Arc<MrInner>) {
+        self.by_rkey.insert(mr.rkey.0, mr.lkey.0);
+        self.by_lkey.insert(mr.lkey.0, mr.clone());
+    }
+
     /// Removes a region; its keys die at once.
     pub(crate) fn deregister(&mut self, lkey: Lkey) {
         if let Some(mr) = self.by_lkey.remove(&lkey.0) {

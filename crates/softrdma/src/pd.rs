@@ -28,7 +28,7 @@ impl ProtectionDomain {
     pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion> {
         let access = check_access(access)?;
         let inner = self.ctx.engine.register(self.id, len, access, MAX_MR as usize)?;
-        Ok(MemoryRegion { inner, pd: self.clone() })
+        Ok(self.adopted(inner))
     }
 
     /// Registers memory the caller owns (what `ibv_reg_mr` does), for the C ABI and for
@@ -47,7 +47,16 @@ impl ProtectionDomain {
         }
         // SAFETY: forwarded from this function's contract.
         let inner = unsafe { self.ctx.engine.register_raw(self.id, ptr, len, access, MAX_MR as usize)? };
-        Ok(MemoryRegion { inner, pd: self.clone() })
+        Ok(self.adopted(inner))
+    }
+
+    /// A region shard 0 registered, entered in the device's other shards under the same
+    /// keys (their QPs reach it as shard 0's do).
+    fn adopted(&self, inner: Arc<MrInner>) -> MemoryRegion {
+        for e in self.ctx.shards.iter().skip(1) {
+            e.adopt(&inner);
+        }
+        MemoryRegion { inner, pd: self.clone() }
     }
 
     /// Registers a region holding a copy of `data`.
@@ -217,6 +226,9 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        self.pd.ctx.engine.deregister(self.inner.lkey);
+        // Every shard forgets it before the drop returns: no engine reaches it after.
+        for e in &self.pd.ctx.shards {
+            e.deregister(self.inner.lkey);
+        }
     }
 }

@@ -230,7 +230,7 @@ impl ProtectionDomain {
                 return Err(Error::Mismatch);
             }
         }
-        let engine = &self.ctx.engine;
+        let (shard, engine) = self.ctx.place_qp(b.qp_type, b.srq.is_some());
         let cfg = QpConfig {
             qp_type: b.qp_type,
             pd: self.id,
@@ -243,7 +243,10 @@ impl ProtectionDomain {
         let sinks: [Arc<dyn crate::engine::CompletionSink>; 2] =
             [send_cq.shared.clone(), recv_cq.shared.clone()];
         let qpn = engine.create_qp(cfg, sinks, MAX_QP as usize, |qp| qp.set_ud_mtu(mtu))?;
+        send_cq.shared.add_shard(shard);
+        recv_cq.shared.add_shard(shard);
         Ok(QueuePair {
+            engine: engine.clone(),
             ctx: self.ctx.clone(),
             qpn,
             qp_type: b.qp_type,
@@ -287,7 +290,7 @@ impl PreparedQp {
     /// What the peer needs, offering no memory region.
     pub fn endpoint(&self) -> EndpointInfo {
         EndpointInfo {
-            addr: self.qp.ctx.engine.local(),
+            addr: self.qp.engine.local(),
             qpn: self.qp.qpn.get(),
             psn: self.psn.get(),
             mtu: self.qp.ctx.device.active_mtu().bytes(),
@@ -317,7 +320,7 @@ impl PreparedQp {
             return Err(ModifyError::OutOfRange("max_rd_atomic").into());
         }
         let peer = crate::sys::canonical(remote.addr);
-        if peer.is_ipv4() != self.qp.ctx.engine.local().is_ipv4() {
+        if peer.is_ipv4() != self.qp.engine.local().is_ipv4() {
             return Err(Error::InvalidArgument(
                 "the peer's address is of another IP family than the device's (IPv4 and IPv6 do not mix)",
             ));
@@ -348,7 +351,7 @@ impl PreparedQp {
             max_rd_atomic: rc.then_some(opts.rd_atomic),
             ..Default::default()
         };
-        self.qp.ctx.engine.modify_qp(self.qp.qpn, &rtr, |qp| qp.set_foreign_peer(opts.foreign_peer))?;
+        self.qp.engine.modify_qp(self.qp.qpn, &rtr, |qp| qp.set_foreign_peer(opts.foreign_peer))?;
         self.qp.modify(&rts)?;
         Ok(self.qp)
     }
@@ -372,6 +375,8 @@ impl PreparedQp {
 #[derive(Debug)]
 pub struct QueuePair {
     ctx: Arc<ContextInner>,
+    /// The shard that owns it (the device's engine unless sharded).
+    engine: Arc<crate::engine::Engine>,
     qpn: Qpn,
     qp_type: QpType,
     init: QpInitAttr,
@@ -405,7 +410,7 @@ impl QueuePair {
     /// Posts a send WR; its packets leave from this thread before the call returns (as
     /// far as the window and limits allow; the rest follow as ACKs come back).
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
-        self.ctx.engine.post_send(self.qpn, [wr]).map(|_| ()).map_err(|(_, e)| e)
+        self.engine.post_send(self.qpn, [wr]).map(|_| ()).map_err(|(_, e)| e)
     }
 
     /// Posts several send WRs with one pass of the engine, so that their packets leave in
@@ -415,12 +420,12 @@ impl QueuePair {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> std::result::Result<usize, (usize, Error)> {
-        self.ctx.engine.post_send(self.qpn, wrs)
+        self.engine.post_send(self.qpn, wrs)
     }
 
     /// Posts a receive WR.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        self.ctx.engine.post_recv(self.qpn, wr)
+        self.engine.post_recv(self.qpn, wr)
     }
 
     /// Changes state and attributes (`ibv_modify_qp`): the attributes set are the mask.
@@ -439,7 +444,7 @@ impl QueuePair {
         if attr.max_dest_rd_atomic.is_some_and(|n| n > MAX_QP_RD_ATOM) {
             return Err(ModifyError::OutOfRange("max_dest_rd_atomic").into());
         }
-        self.ctx.engine.modify_qp(self.qpn, &attr, |_| {})
+        self.engine.modify_qp(self.qpn, &attr, |_| {})
     }
 
     /// [`Self::modify`] with the attributes and the `ibv_qp_attr_mask` apart, as the C
@@ -452,31 +457,31 @@ impl QueuePair {
     /// The current attributes and the creation attributes (`ibv_query_qp`).
     pub fn query(&self) -> Result<(QpAttr, QpInitAttr)> {
         let attr =
-            self.ctx.engine.with_qp(self.qpn, |q| q.attr()).ok_or(Error::InvalidArgument("QP destroyed"))?;
+            self.engine.with_qp(self.qpn, |q| q.attr()).ok_or(Error::InvalidArgument("QP destroyed"))?;
         Ok((attr, self.init))
     }
 
     /// The current state.
     pub fn state(&self) -> QpState {
-        self.ctx.engine.with_qp(self.qpn, |q| q.state()).unwrap_or(QpState::Error)
+        self.engine.with_qp(self.qpn, |q| q.state()).unwrap_or(QpState::Error)
     }
 
     /// Marks the peers as foreign (Linux rxe, a RoCE NIC) or softrdma; see
     /// [`ConnectOptions::foreign_peer`]. For UD QPs, which have no single peer, this is the
     /// way to accept datagrams from foreign senders.
     pub fn set_foreign_peer(&self, foreign: bool) {
-        self.ctx.engine.set_foreign_peer(self.qpn, foreign);
+        self.engine.set_foreign_peer(self.qpn, foreign);
     }
 
     /// Whether the peer is treated as foreign (Linux rxe, a RoCE NIC: go-back-N, no SACKs,
     /// no GSO trains), as set at connection or found by the connection manager.
     pub fn foreign_peer(&self) -> bool {
-        self.ctx.engine.with_qp(self.qpn, |q| q.foreign_peer()).unwrap_or(false)
+        self.engine.with_qp(self.qpn, |q| q.foreign_peer()).unwrap_or(false)
     }
 
     /// Counters.
     pub fn stats(&self) -> QpStats {
-        self.ctx.engine.with_qp(self.qpn, |q| q.stats()).unwrap_or_default()
+        self.engine.with_qp(self.qpn, |q| q.stats()).unwrap_or_default()
     }
 
     /// Attaches this UD QP to the multicast group `group` (`ibv_attach_mcast`, with the
@@ -500,9 +505,9 @@ impl QueuePair {
         if !group.is_multicast() {
             return Err(softrdma_proto::endpoint::McastError::NotMulticast.into());
         }
-        let who = format!("{} {:#x}", self.ctx.engine.local(), self.qpn.get());
+        let who = format!("{} {:#x}", self.engine.local(), self.qpn.get());
         let (membership, mtu) = crate::mcast::Membership::join(group, self.ctx.device.active_mtu(), &who)?;
-        self.ctx.engine.attach_mcast(self.qpn, group)?;
+        self.engine.attach_mcast(self.qpn, group)?;
         groups.push((group, membership));
         Ok(mtu)
     }
@@ -514,7 +519,7 @@ impl QueuePair {
             .iter()
             .position(|(g, _)| *g == group)
             .ok_or(softrdma_proto::endpoint::McastError::NotAttached)?;
-        self.ctx.engine.detach_mcast(self.qpn, group)?;
+        self.engine.detach_mcast(self.qpn, group)?;
         groups.remove(at);
         Ok(())
     }
@@ -532,6 +537,6 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        self.ctx.engine.destroy_qp(self.qpn);
+        self.engine.destroy_qp(self.qpn);
     }
 }

@@ -965,12 +965,13 @@ fn a_go_back_n_probe_waits_two_round_trips_even_when_they_hardly_vary() {
 
 #[test]
 fn the_endpoint_takes_ready_qps_in_turn() {
-    // Packets of two QPs, none of them waiting for an ACK: one of each in turn, so that a
-    // busy QP never starves another.
+    // Packets of two QPs, none of them waiting for an ACK: a burst of each in turn (each
+    // QP's packets leave as a train of their own), so that a busy QP never starves another.
+    let burst = crate::endpoint::BURST;
     let mut e = Ep::new(2);
     for k in 0..2 {
-        for id in 0..3 {
-            e.send(k, id, 8);
+        for id in 0..burst + 4 {
+            e.send(k, u64::from(id), 8);
         }
     }
     let dests: Vec<u32> = e
@@ -978,7 +979,8 @@ fn the_endpoint_takes_ready_qps_in_turn() {
         .iter()
         .map(|d| Packet::new_checked(&d[..]).unwrap().bth().dest_qp().get() - PEER_QPN)
         .collect();
-    assert_eq!(dests, vec![0, 1, 0, 1, 0, 1]);
+    let runs: Vec<(u32, usize)> = dests.chunk_by(|a, b| a == b).map(|r| (r[0], r.len())).collect();
+    assert_eq!(runs, vec![(0, burst as usize), (1, burst as usize), (0, 4), (1, 4)]);
 }
 
 #[test]

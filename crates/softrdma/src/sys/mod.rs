@@ -621,6 +621,47 @@ pub(crate) fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v
     r == 0
 }
 
+/// `SO_ATTACH_REUSEPORT_CBPF` (asm-generic/socket.h).
+const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
+
+/// Attaches to `fd`'s `SO_REUSEPORT` group a classic BPF program that picks, for each
+/// datagram, the group's socket numbered by the low bits of the BTH's destination QPN
+/// (`shards`, a power of two, sockets in the order they were bound): the software form of
+/// a NIC's receive-side scaling. QP1 (the CM's) and the multicast QPN 0xFFFFFF go to
+/// socket 0, as does a datagram too short to hold a BTH. The kernel runs the program
+/// with the UDP payload at offset 0; attaching a classic program needs no privilege.
+/// False if the kernel refused it (datagrams are then spread by the kernel's own hash).
+pub(crate) fn attach_qpn_steering(fd: RawFd, shards: u32) -> bool {
+    const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const AND_K: u16 = 0x54; // BPF_ALU | BPF_AND | BPF_K
+    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const RET_A: u16 = 0x16; // BPF_RET | BPF_A
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    let ins = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let mut prog = [
+        ins(LD_W_ABS, 0, 0, 4),        // A = BTH bytes 4..8 (reserved, destination QPN)
+        ins(AND_K, 0, 0, 0x00ff_ffff), // the QPN
+        ins(JEQ_K, 3, 0, 1),           // QP1: to 6
+        ins(JEQ_K, 2, 0, 0x00ff_ffff), // multicast: to 6
+        ins(AND_K, 0, 0, shards.wrapping_sub(1)), // the shard
+        ins(RET_A, 0, 0, 0),
+        ins(RET_K, 0, 0, 0),
+    ];
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_mut_ptr() };
+    // SAFETY: passes a live sock_fprog whose filter points to `prog`, alive through the
+    // call (the kernel copies the program).
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_ATTACH_REUSEPORT_CBPF,
+            (&fprog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    r == 0
+}
+
 /// The IPv4-mapped form of an address, for comparing GIDs.
 pub(crate) fn canonical(addr: SocketAddr) -> SocketAddr {
     match addr {
