@@ -37,10 +37,10 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// by now, or [`CLOSE_WAIT`] passed), its socket closes just after its engine's last
 /// strong reference goes: allow a moment past that; a port still taken then is someone
 /// else's.
-fn bind_after_close(want: SocketAddr, closing: Option<Weak<Engine>>, shards: usize) -> Result<Vec<UdpLink>> {
+fn bind_after_close(want: SocketAddr, closing: Option<Weak<Engine>>, shards: Shards) -> Result<Vec<UdpLink>> {
     let since = Instant::now();
     loop {
-        match UdpLink::bind_shards(want, shards).map(|(links, _)| links) {
+        match UdpLink::bind_shards(want, shards.count, shards.steer).map(|(links, _)| links) {
             Err(e @ crate::Error::AddressInUse { .. }) => {
                 let Some(engine) = &closing else { return Err(e) };
                 if engine.strong_count() > 0 || since.elapsed() > Duration::from_millis(50) {
@@ -89,6 +89,13 @@ fn release_acks_at_exit() {
 /// The process whose devices the exit hook speaks for (see `release_acks_at_exit`).
 static EXIT_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// How to shard a device being opened.
+#[derive(Debug, Clone, Copy)]
+struct Shards {
+    count: usize,
+    steer: bool,
+}
+
 /// An opened device (`ibv_context`).
 #[derive(Debug, Clone)]
 pub struct Context {
@@ -123,6 +130,38 @@ impl Context {
     /// `port` (0 picks one). For callers that edit a device's description first (see
     /// [`Device::with_gid0`]).
     pub fn open_device(device: Device, port: u16) -> Result<Context> {
+        Context::open_with(device, port, Shards { count: crate::device::shards_env(), steer: true })
+    }
+
+    /// Opens the device of `addr` on UDP `port` (0 picks one) with `shards` shards: engines
+    /// that each own a share of the device's RC and UC QPs, with a socket of their own on
+    /// the device's address and port (one `SO_REUSEPORT` group, whose datagrams the kernel
+    /// steers to the shard of their destination QP) and a progress thread of their own, so
+    /// that QPs spread over cores. `shards` must be a power of two, at most 64; 1 is
+    /// [`Context::open_port`]'s device. UD QPs, QPs on an SRQ and the connection manager
+    /// stay on shard 0. `SOFTRDMA_SHARDS` sets the count for every device a process opens
+    /// otherwise. Opening an address this process has open already returns that context,
+    /// whatever its shards.
+    pub fn open_sharded(addr: IpAddr, port: u16, shards: usize) -> Result<Context> {
+        if !shards.is_power_of_two() || shards > crate::device::MAX_SHARDS {
+            return Err(crate::Error::InvalidArgument("shards must be a power of two, at most 64"));
+        }
+        Context::open_with(find_device(&addr.to_string())?, port, Shards { count: shards, steer: true })
+    }
+
+    /// [`Context::open_sharded`] without the kernel's steering program: the kernel spreads
+    /// datagrams by its own hash and the shards hand each other what they were not meant to
+    /// get. For tests of that hand-over (a GRO train that merged packets of several QPs
+    /// takes the same path).
+    #[doc(hidden)]
+    pub fn open_sharded_unsteered(addr: IpAddr, port: u16, shards: usize) -> Result<Context> {
+        if !shards.is_power_of_two() || shards > crate::device::MAX_SHARDS {
+            return Err(crate::Error::InvalidArgument("shards must be a power of two, at most 64"));
+        }
+        Context::open_with(find_device(&addr.to_string())?, port, Shards { count: shards, steer: false })
+    }
+
+    fn open_with(device: Device, port: u16, shards: Shards) -> Result<Context> {
         if device.gids.get(device.gid_index as usize).map(|g| g.addr) != Some(device.addr) {
             return Err(crate::Error::InvalidArgument("the device's address is not its GID gid_index"));
         }
@@ -149,7 +188,7 @@ impl Context {
                 Err(closing) => break (table, closing),
             }
         };
-        let links = bind_after_close(want, closing, crate::device::shards_env())?;
+        let links = bind_after_close(want, closing, shards)?;
         let local = links[0].local();
         let count = links.len() as u32;
         let mut engines: Vec<Engine> = Vec::with_capacity(links.len());

@@ -126,7 +126,8 @@ impl UdpLink {
     /// took (without it the kernel spreads datagrams by its own hash, and the shards hand
     /// each other what they were not meant to get). One socket, as [`UdpLink::bind`]
     /// makes, when `n` is 1.
-    pub(crate) fn bind_shards(addr: SocketAddr, n: usize) -> Result<(Vec<UdpLink>, bool)> {
+    /// `steer: false` leaves the program out (to test the hand-over).
+    pub(crate) fn bind_shards(addr: SocketAddr, n: usize, steer: bool) -> Result<(Vec<UdpLink>, bool)> {
         if n <= 1 {
             return Ok((vec![UdpLink::bind(addr)?], true));
         }
@@ -136,9 +137,8 @@ impl UdpLink {
         let port = bind(addr, false)?.local_addr()?.port();
         let at = SocketAddr::new(addr.ip(), port);
         let links = (0..n).map(|_| UdpLink::with_socket(bind(at, true)?)).collect::<Result<Vec<_>>>()?;
-        let steered = std::env::var("SOFTRDMA_STEER").as_deref() != Ok("0")
-            && sys::attach_qpn_steering(links[0].sockets[0].0.as_raw_fd(), n as u32);
-        if !steered {
+        let steered = steer && sys::attach_qpn_steering(links[0].sockets[0].0.as_raw_fd(), n as u32);
+        if steer && !steered {
             tracing::warn!(shards = n, "no QPN steering program: the shards hand datagrams to each other");
         }
         Ok((links, steered))
