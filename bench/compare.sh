@@ -3,6 +3,10 @@
 #
 #   bench/compare.sh            # about three minutes; needs root only to install baselines
 #
+# SOFTRDMA_BIN and UDP_PROBE_BIN name prebuilt binaries (a machine without cargo: both set,
+# nothing is built). SHARDS sets the shard count of the `-q 8` bandwidth run (default: half
+# the cores, a power of two, at most 8).
+#
 # Prints a markdown table of softrdma's figures, the baselines' and their ratios, then a
 # last line with the verdict against the targets: `targets met`, or `targets missed: ...`
 # with each missed target and its measured ratio. Exits 0 either way unless something
@@ -13,9 +17,16 @@ cd "$(dirname "$0")/.."
 DUR=${DUR:-3}
 ITERS=${ITERS:-100000}
 
-cargo build --release -q -p softrdma-cli -p udp-probe || { echo "build failed"; exit 1; }
-SR=target/release/softrdma
-PROBE=target/release/udp-probe
+if [ -z "${SOFTRDMA_BIN:-}" ] || [ -z "${UDP_PROBE_BIN:-}" ]; then
+  cargo build --release -q -p softrdma-cli -p udp-probe || { echo "build failed"; exit 1; }
+fi
+SR=${SOFTRDMA_BIN:-target/release/softrdma}
+PROBE=${UDP_PROBE_BIN:-target/release/udp-probe}
+CORES=$(nproc)
+if [ -z "${SHARDS:-}" ]; then
+  SHARDS=1
+  while [ $((SHARDS * 4)) -le "$CORES" ] && [ "$SHARDS" -lt 8 ]; do SHARDS=$((SHARDS * 2)); done
+fi
 
 if ! command -v ucx_perftest >/dev/null 2>&1 || ! command -v iperf3 >/dev/null 2>&1; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
@@ -48,6 +59,8 @@ if command -v ucx_perftest >/dev/null 2>&1; then
 fi
 
 write_bw=$(perf write_bw -s 65536 -D "$DUR" | json bw_average) || write_bw=""
+# Eight QPs on a device of SHARDS shards (SOFTRDMA_SHARDS): what more cores buy.
+write_bw_q8=$(SOFTRDMA_SHARDS=$SHARDS perf write_bw -s 65536 -D "$DUR" -q 8 | json bw_average) || write_bw_q8=""
 send_bw=$(perf send_bw -s 65536 -D "$DUR" | json bw_average) || send_bw=""
 udp_bw=$("$PROBE" bw "$DUR" 4096 | awk '{print $2}')
 # The same stream with MSG_ZEROCOPY sends: what zero-copy would buy on this path.
@@ -87,9 +100,11 @@ idle_cpu=$(python3 -c "print(round(100*($t1-$t0)/$(getconf CLK_TCK)/10,2))")
 python3 - "$lat_busy" "$lat_event" "$udp_lat" "$ucx_lat" "$write_bw" "$send_bw" "$udp_bw" "$ucx_bw" "$iperf_bw" \
   "$rate" "$udp_rate" "$udp_rate_gso" "$idle_cpu" "$busy_p99" "$busy_p999" "$event_p99" "$event_p999" \
   "$udp_p99" "$udp_p999" "${event_user:-}" "${event_sys:-}" "$udp_wait" "$udp_wait_p99" "$udp_wait_p999" \
-  "$udp_rate_uring" "$udp_bw_zc" "$read_lat" "$read_p99" <<'PY'
+  "$udp_rate_uring" "$udp_bw_zc" "$read_lat" "$read_p99" "$write_bw_q8" "$SHARDS" "$CORES" <<'PY'
 import sys
 v = [float(x) if x not in ("", "None") else None for x in sys.argv[1:]]
+write_bw_q8, shards, cores = v[-3:]
+v = v[:-3]
 (lat_busy, lat_event, udp_lat, ucx_lat, write_bw, send_bw, udp_bw, ucx_bw, iperf_bw, rate, udp_rate, udp_rate_gso,
  idle, busy_p99, busy_p999, event_p99, event_p999, udp_p99, udp_p999, event_user, event_sys,
  udp_wait, udp_wait_p99, udp_wait_p999, udp_rate_uring, udp_bw_zc, read_lat, read_p99) = v
@@ -107,6 +122,7 @@ rows = [
     ("bandwidth, 64 KiB, MiB/s", "write_bw", write_bw, "raw UDP, GSO+GRO, 4 KiB segments", udp_bw),
     ("", "write_bw", write_bw, "iperf3 (TCP)", iperf_bw),
     ("", "write_bw", write_bw, "UCX over TCP (ucp_am_bw)", ucx_bw),
+    ("", f"write_bw -q 8, {shards:.0f} shards", write_bw_q8, "write_bw -q 1", write_bw),
     ("", "send_bw", send_bw, "raw UDP, GSO+GRO, 4 KiB segments", udp_bw),
     ("", "send_bw", send_bw, "iperf3 (TCP)", iperf_bw),
     ("", "raw UDP, GSO+GRO", udp_bw, "raw UDP, GSO+GRO, MSG_ZEROCOPY sends", udp_bw_zc),
@@ -140,6 +156,8 @@ for name, bw in (("write_bw", write_bw), ("send_bw", send_bw)):
     if iperf_bw is not None:
         target(f"{name} >= 1.5x iperf3", lambda x: x >= 1.5, r(bw, iperf_bw))
 target("2-byte message rate >= 0.7x raw UDP GSO+GRO", lambda x: x >= 0.7, r(rate, udp_rate_gso))
+if cores >= 16:
+    target("write_bw -q 8 >= 4x -q 1 on 16 cores", lambda x: x >= 4, r(write_bw_q8, write_bw))
 target("send_lat -e <= 1.35x busy-poll", lambda x: x <= 1.35, r(lat_event, lat_busy))
 if event_user is not None and event_sys is not None and event_user + event_sys > 30:
     missed.append(f"send_lat -e client CPU <= 30% ({event_user + event_sys:.0f}%)")
