@@ -261,6 +261,19 @@ cm_pair "ib_write_bw/perf" "-R, C server, Rust client" $(on $srv_ip ib_write_bw 
 # shellcheck disable=SC2086
 cm_pair "perf/ib_send_lat" "-R, Rust server, C client" $softrdma perf send_lat -R -d $srv_ip -p @PORT@ -n 2000 :: \
   $(on $cli_ip ib_send_lat -R -p @PORT@ -n 2000 $srv_ip)
+# Sharded devices (SOFTRDMA_SHARDS=4: four engines and sockets, QPs in turn over them):
+# perftest's QPs spread over the shards, connected by its exchange and by rdma_cm (whose
+# CM runs on shard 0 and readies QPs on the others), and ucmatose's ten connections.
+sharded="env SOFTRDMA_SHARDS=4"
+# shellcheck disable=SC2086
+pair ib_write_bw "-q 8 -n 2000, 4 shards" $sharded $(on $srv_ip ib_write_bw -q 8 -p @PORT@ -n 2000) :: \
+  $sharded $(on $cli_ip ib_write_bw -q 8 -p @PORT@ -n 2000 $srv_ip)
+# shellcheck disable=SC2086
+cm_pair ib_send_bw "-R -q 4 -n 2000, 4 shards" $sharded $(on $srv_ip ib_send_bw -R -q 4 -p @PORT@ -n 2000) :: \
+  $sharded $(on $cli_ip ib_send_bw -R -q 4 -p @PORT@ -n 2000 $srv_ip)
+# shellcheck disable=SC2086
+cm_pair ucmatose "-c 10 -C 100, 4 shards" $sharded $(on $srv_ip ucmatose -b $srv_ip -p @PORT@ -c 10 -C 100) :: \
+  $sharded $(on $cli_ip ucmatose -s $srv_ip -b $cli_ip -p @PORT@ -c 10 -C 100)
 # Mixed pairs: Debian's rping on the C library against softrdma rping on the Rust API.
 # shellcheck disable=SC2086
 cm_pair "rping/softrdma" "C server, Rust client" $(on $srv_ip rping -s -a $srv_ip -p @PORT@ -C $pings) :: \
