@@ -141,8 +141,8 @@ struct Slot {
 /// Past it, the heap (a device with thousands of idle QPs looks at one entry).
 const SCAN_QPS: usize = 8;
 
-/// Packets a QP sends in a row before the next ready QP's turn: a 64 KiB message at MTU
-/// 4096, one GSO train.
+/// Packets a QP of a shard (see [`Endpoint::set_qpn_shard`]) sends in a row before the next
+/// ready QP's turn: a 64 KiB message at MTU 4096, one GSO train.
 pub(crate) const BURST: u32 = 16;
 
 /// The QPs of one local address.
@@ -636,12 +636,15 @@ impl Endpoint {
                 // Sending arms timers and may complete WQEs (UD): settle it again later.
                 touch(&mut self.touched, qpn, slot);
                 // A request whose ACK comes next keeps its QP first, so that no other QP's
-                // packet goes between the two (they leave as one train); so does a QP that
-                // has sent fewer than BURST packets in a row, so that each QP's packets
-                // leave as trains of their own (a receiver with shards steers a train by
-                // its first packet's QP), and QPs still take turns by the burst.
+                // packet goes between the two (they leave as one train). On a shard, so
+                // does a QP that has sent fewer than BURST packets in a row, so that each
+                // QP's packets leave as trains of their own (a receiver with shards steers
+                // a train by its first packet's QP), and QPs still take turns by the burst.
+                // Unsharded, QPs take turns packet by packet, and their packets to one
+                // peer share trains.
                 self.burst = if self.burst.0 == qpn { (qpn, self.burst.1 + 1) } else { (qpn, 1) };
-                if slot.qp.take_ack_follows() || self.burst.1 < BURST {
+                let burst = if self.qpn_shard.1 > 1 { BURST } else { 1 };
+                if slot.qp.take_ack_follows() || self.burst.1 < burst {
                     self.ready.push_front(qpn);
                 } else {
                     self.burst = (0, 0);

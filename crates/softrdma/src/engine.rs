@@ -1504,6 +1504,7 @@ impl Engine {
         loop {
             let Core { endpoint, mem, slots, out: msgs, iov_pool, link, capture, .. } = &mut *core;
             let gso = link.gso();
+            let sharded = self.sharding.count > 1;
             iov_pool.extend(msgs.drain(..).map(OutMsg::into_iov));
             // ((destination, TOS), segment size, segments, bytes, still open) of the last
             // message.
@@ -1514,7 +1515,10 @@ impl Engine {
                 let Some(t) = endpoint.poll_transmit(now, head, mem) else { break };
                 stage!(PacketBuilt);
                 let len = t.len();
-                let qpn = head.get(5..8).map_or(0, |q| u32::from_be_bytes([0, q[0], q[1], q[2]]));
+                let qpn = match head.get(5..8) {
+                    Some(q) if sharded => u32::from_be_bytes([0, q[0], q[1], q[2]]),
+                    _ => 0,
+                };
                 let joins = gso
                     && !t.alone
                     && matches!(train, Some((dst, size, segs, bytes, true))

@@ -853,7 +853,17 @@ struct Ep {
 
 impl Ep {
     fn new(qps: u32) -> Ep {
+        Ep::with(qps, 1)
+    }
+
+    /// Shard 0 of two.
+    fn new_shard(qps: u32) -> Ep {
+        Ep::with(qps, 2)
+    }
+
+    fn with(qps: u32, shards: u32) -> Ep {
         let mut ep = crate::endpoint::Endpoint::new(me());
+        ep.set_qpn_shard(0, shards);
         let mut mem = SimMemory::new(1);
         let (lkey, rkey) = mem.register(PdId(1), BASE, 65536, all()).unwrap();
         let mut qpns = Vec::new();
@@ -965,10 +975,28 @@ fn a_go_back_n_probe_waits_two_round_trips_even_when_they_hardly_vary() {
 
 #[test]
 fn the_endpoint_takes_ready_qps_in_turn() {
-    // Packets of two QPs, none of them waiting for an ACK: a burst of each in turn (each
-    // QP's packets leave as a train of their own), so that a busy QP never starves another.
-    let burst = crate::endpoint::BURST;
+    // Packets of two QPs, none of them waiting for an ACK: one of each in turn, so that a
+    // busy QP never starves another.
     let mut e = Ep::new(2);
+    for k in 0..2 {
+        for id in 0..3 {
+            e.send(k, id, 8);
+        }
+    }
+    let dests: Vec<u32> = e
+        .out()
+        .iter()
+        .map(|d| Packet::new_checked(&d[..]).unwrap().bth().dest_qp().get() - PEER_QPN)
+        .collect();
+    assert_eq!(dests, vec![0, 1, 0, 1, 0, 1]);
+}
+
+#[test]
+fn a_shards_endpoint_takes_ready_qps_in_turn_by_the_burst() {
+    // On a shard of a device, each QP sends a burst in a row (its packets leave as a train
+    // of their own, which a sharded receiver steers whole), and the QPs still take turns.
+    let burst = crate::endpoint::BURST;
+    let mut e = Ep::new_shard(2);
     for k in 0..2 {
         for id in 0..burst + 4 {
             e.send(k, u64::from(id), 8);
