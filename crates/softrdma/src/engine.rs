@@ -614,6 +614,11 @@ impl Engine {
         Ok(qpn)
     }
 
+    /// QPs on this engine.
+    pub(crate) fn qp_count(&self) -> usize {
+        self.lock().endpoint.qp_count()
+    }
+
     /// Sends the ACK a QP holds back for company, now: before the QP fails, goes away, or
     /// its connection is closed (a DREQ leaves before any QP's packets in a batch), so
     /// that the peer hears about everything that arrived.
@@ -1054,6 +1059,14 @@ impl Engine {
     /// Runs `f` with the agent under the lock, sends what it queued, then hands out the
     /// events that are waiting.
     fn with_cm<R>(&self, f: impl FnOnce(&mut Core, Duration) -> Result<R>) -> Result<R> {
+        // Data posted on other shards before a CM call (a DREQ) leaves before its messages
+        // too; asked before this shard's lock is taken (never another's under it but by
+        // `on_qp`).
+        for k in 1..self.sharding.count {
+            if let Some(s) = self.sibling(k) {
+                s.send_deferred();
+            }
+        }
         let r = {
             let mut core = self.lock();
             if core.endpoint.cm().is_none() {
@@ -1792,6 +1805,9 @@ impl Engine {
         // The last nap found the poller gone with posts it left unsent.
         let mut left_behind = false;
         while !self.stop.load(Ordering::Acquire) {
+            // Another shard handed this one datagrams since `skip` was decided (its wake-up
+            // may have been drained since): a pass takes them.
+            skip &= !self.sharding.waiting.load(Ordering::Acquire);
             let timeout = if skip {
                 // Back to the nap, until the earliest deadline known.
                 let until = self.sleeping_until.load(Ordering::Acquire);

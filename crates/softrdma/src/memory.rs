@@ -45,6 +45,9 @@ pub(crate) struct MrInner {
     pub(crate) access: Access,
     pub(crate) lkey: Lkey,
     pub(crate) rkey: Rkey,
+    /// A peer's SEND with Invalidate killed its keys: on every shard of a sharded device,
+    /// each of which has it in its own registry, not only on the one that took the SEND.
+    invalidated: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: an owned region is atomics only; a raw region's pointer is only dereferenced
@@ -397,7 +400,15 @@ impl Registry {
     fn insert(&mut self, storage: Storage, len: usize, pd: PdId, access: Access) -> Arc<MrInner> {
         let lkey = self.fresh_key();
         let rkey = self.fresh_key();
-        let mr = Arc::new(MrInner { storage, len, pd, access, lkey: Lkey(lkey), rkey: Rkey(rkey) });
+        let mr = Arc::new(MrInner {
+            storage,
+            len,
+            pd,
+            access,
+            lkey: Lkey(lkey),
+            rkey: Rkey(rkey),
+            invalidated: std::sync::atomic::AtomicBool::new(false),
+        });
         self.by_lkey.insert(lkey, mr.clone());
         self.by_rkey.insert(rkey, lkey);
         mr
@@ -427,6 +438,9 @@ impl Registry {
             MemKey::Remote(r) => *self.by_rkey.get(&r.0).ok_or(MemError::BadKey)?,
         };
         let mr = self.by_lkey.get(&lkey).ok_or(MemError::BadKey)?;
+        if mr.invalidated.load(Ordering::Acquire) {
+            return Err(MemError::BadKey);
+        }
         if mr.pd != pd {
             return Err(MemError::WrongPd);
         }
@@ -504,7 +518,9 @@ impl Memory for Registry {
     }
 
     fn invalidate(&mut self, pd: PdId, rkey: Rkey) -> Result<(), MemError> {
-        let lkey = self.lookup(pd, MemKey::Remote(rkey), Access::NONE)?.lkey;
+        let mr = self.lookup(pd, MemKey::Remote(rkey), Access::NONE)?;
+        mr.invalidated.store(true, Ordering::Release);
+        let lkey = mr.lkey;
         self.deregister(lkey);
         Ok(())
     }

@@ -242,7 +242,11 @@ impl ProtectionDomain {
         let mtu = self.ctx.device.active_mtu();
         let sinks: [Arc<dyn crate::engine::CompletionSink>; 2] =
             [send_cq.shared.clone(), recv_cq.shared.clone()];
-        let qpn = engine.create_qp(cfg, sinks, MAX_QP as usize, |qp| qp.set_ud_mtu(mtu))?;
+        // max_qp is the device's, whatever its shards.
+        let elsewhere: usize =
+            self.ctx.shards.iter().filter(|e| !Arc::ptr_eq(e, engine)).map(|e| e.qp_count()).sum();
+        let max_qp = (MAX_QP as usize).saturating_sub(elsewhere);
+        let qpn = engine.create_qp(cfg, sinks, max_qp, |qp| qp.set_ud_mtu(mtu))?;
         send_cq.shared.add_shard(shard);
         recv_cq.shared.add_shard(shard);
         Ok(QueuePair {

@@ -146,6 +146,9 @@ fn a_sharded_device_and_a_plain_one_talk() {
     let p = pairs(&a, &b, SHARDS);
     exercise(&p);
     assert!(every_shard_received(&a));
+    // One QP at a time: the plain device's trains each carry one QP's packets. (A plain
+    // sender's QPs streaming at once share trains to one peer, which a sharded receiver
+    // takes on one socket and partly hands over.)
     assert_eq!(a.io_stats().strays, 0);
 }
 
@@ -277,4 +280,47 @@ fn the_cm_connects_and_disconnects_a_qp_on_another_shard() {
     let wc = wait(&ccq);
     assert_eq!((wc.wr_id, wc.status), (9, WcStatus::WrFlushErr));
     assert_eq!(sqp.state(), QpState::Error);
+}
+
+#[test]
+fn a_send_with_invalidate_kills_the_key_on_every_shard() {
+    let a = Context::open_sharded(ip(7, 14), 0, SHARDS).unwrap();
+    let b = Context::open_sharded(ip(7, 15), 0, SHARDS).unwrap();
+    let p = pairs(&a, &b, SHARDS);
+    let [ca, cb] = &p.cqs;
+    let [ma, mb] = &p.mrs;
+    let target = mb.remote();
+    let write = |x: &QueuePair, id| {
+        let op = SendOp::Write { remote_addr: target.addr, rkey: Rkey(target.rkey) };
+        let sg_list = softrdma::sgl![ma.sge(0, 64).unwrap()];
+        x.post_send(SendWr { wr_id: id, op, sg_list, flags: signaled(), ud: None }).unwrap();
+        wait(ca).status
+    };
+    assert_eq!(write(&p.qps[0][0], 1), WcStatus::Success);
+    // The QP pair on shard 1 invalidates the key at b (its responder is on b's shard 1)...
+    let [x1, y1] = &p.qps[1];
+    assert_eq!(y1.qpn().get() % SHARDS as u32, 1);
+    y1.post_recv(RecvWr { wr_id: 5, sg_list: softrdma::sgl![mb.sge(4096, 64).unwrap()] }).unwrap();
+    let sg_list = softrdma::sgl![ma.sge(0, 8).unwrap()];
+    let op = SendOp::SendWithInv(Rkey(target.rkey));
+    x1.post_send(SendWr { wr_id: 2, op, sg_list, flags: signaled(), ud: None }).unwrap();
+    assert_eq!(wait(ca).status, WcStatus::Success);
+    let wc = wait(cb);
+    assert_eq!((wc.status, wc.invalidated_rkey), (WcStatus::Success, Some(Rkey(target.rkey))));
+    // ...and the QPs of b's shards 0, 2 and 3 find it dead too.
+    for k in [0, 2, 3] {
+        assert_eq!(write(&p.qps[k][0], 10 + k as u64), WcStatus::RemAccessErr, "shard {k}");
+    }
+}
+
+#[test]
+fn max_qp_is_the_devices_whatever_its_shards() {
+    let a = Context::open_sharded(ip(7, 16), 0, SHARDS).unwrap();
+    let pd = a.alloc_pd();
+    let cq = a.create_cq(16, None).unwrap();
+    let max = a.query_device().max_qp as usize;
+    let qps: Vec<_> = (0..max).map(|_| pd.create_qp(&QpBuilder::rc(), &cq, &cq).unwrap()).collect();
+    assert!(matches!(pd.create_qp(&QpBuilder::rc(), &cq, &cq), Err(softrdma::Error::Limit("max_qp"))));
+    drop(qps);
+    pd.create_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
 }

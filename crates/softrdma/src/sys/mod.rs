@@ -621,9 +621,6 @@ pub(crate) fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v
     r == 0
 }
 
-/// `SO_ATTACH_REUSEPORT_CBPF` (asm-generic/socket.h).
-const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
-
 /// Attaches to `fd`'s `SO_REUSEPORT` group a classic BPF program that picks, for each
 /// datagram, the group's socket numbered by the low bits of the BTH's destination QPN
 /// (`shards`, a power of two, sockets in the order they were bound): the software form of
@@ -654,7 +651,7 @@ pub(crate) fn attach_qpn_steering(fd: RawFd, shards: u32) -> bool {
         libc::setsockopt(
             fd,
             libc::SOL_SOCKET,
-            SO_ATTACH_REUSEPORT_CBPF,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
             (&fprog as *const libc::sock_fprog).cast(),
             std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
         )
