@@ -6,7 +6,8 @@
 # ucmatose and ib_send_bw -R likewise; and `softrdma perf -R` (the Rust API) against
 # ib_send_bw -R and ib_write_bw -R on rxe. Each run captured on the lab bridge, its first
 # 300 frames kept in testdata/interop-lib/ (decoded by crates/softrdma-cli/tests/decode.rs).
-# ONLY=cm runs the rdma_cm cases alone.
+# ib_write_bw -q 4 also runs on a four-shard device (SOFTRDMA_SHARDS=4); with SOFTRDMA_SHARDS
+# set for the whole script, every case does. ONLY=cm runs the rdma_cm cases alone.
 # Not part of CI (needs root and the lab's VMs, ~1 min to boot under TCG). Usage:
 #   sudo ../shared/rxe-lab/up.sh && sudo scripts/rxe-interop-lib.sh; sudo ../shared/rxe-lab/down.sh
 set -uo pipefail
@@ -81,6 +82,13 @@ for srv in vm host; do
   run "write_bw_${srv}_srv" $srv "${lib[*]} ib_write_bw -F -x 0 -n $n" "ib_write_bw -d rxe0 -F -x 1 -n $n"
   run "send_lat_${srv}_srv" $srv "${lib[*]} ib_send_lat -F -x 0 -n $n" "ib_send_lat -d rxe0 -F -x 1 -n $n"
   run "rc_pingpong_${srv}_srv" $srv "${lib[*]} ibv_rc_pingpong -g 0 -n $n" "ibv_rc_pingpong -d rxe0 -g 1 -n $n"
+done
+# A sharded device (four shards, its QPs in turn over them) against rxe, whose QPs each
+# send from a UDP source port of their own.
+for srv in vm host; do
+  [ "${ONLY:-}" = cm ] && break
+  run "write_bw_q4_shards_${srv}_srv" $srv "env SOFTRDMA_SHARDS=4 ${lib[*]} ib_write_bw -F -x 0 -q 4 -n $n" \
+    "ib_write_bw -d rxe0 -F -x 1 -q 4 -n $n"
 done
 # rdma_cm: the drop-in librdmacm.so.1 (servers bind the address they serve on).
 run rping_lib_vm_srv vm "${lib[*]} rping -c -a @SRV@ -C $n -v" "rping -s -a @SRV@ -C $n -v"
