@@ -390,13 +390,35 @@ pub(crate) struct ContextInner {
 }
 
 /// `SOFTRDMA_SHARDS`: how many shards a device opened on UDP gets (a power of two, at most
-/// [`MAX_SHARDS`]); 1, one engine and one socket, unless set.
+/// [`MAX_SHARDS`]; `auto`: half the cores, rounded down to a power of two, at most 8); 1,
+/// one engine and one socket, unless set or set to anything else.
 pub(crate) fn shards_env() -> usize {
-    std::env::var("SOFTRDMA_SHARDS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|n| n.is_power_of_two() && *n <= MAX_SHARDS)
-        .unwrap_or(1)
+    let v = std::env::var("SOFTRDMA_SHARDS").unwrap_or_default();
+    if v.trim() == "auto" {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        return auto_shards(cores);
+    }
+    v.trim().parse::<usize>().ok().filter(|n| n.is_power_of_two() && *n <= MAX_SHARDS).unwrap_or(1)
+}
+
+/// `SOFTRDMA_SHARDS=auto` on `cores` cores: a shard per two cores, a power of two, at most
+/// 8 (where the measured scaling was taken; more shards than busy QPs buy nothing).
+fn auto_shards(cores: usize) -> usize {
+    let mut n = 1;
+    while n * 4 <= cores && n < 8 {
+        n *= 2;
+    }
+    n
+}
+
+#[cfg(test)]
+mod shard_tests {
+    #[test]
+    fn auto_takes_a_shard_per_two_cores_up_to_eight() {
+        let got: Vec<usize> =
+            [1, 2, 3, 4, 7, 8, 16, 32, 128].iter().map(|&c| super::auto_shards(c)).collect();
+        assert_eq!(got, [1, 1, 1, 2, 2, 4, 8, 8, 8]);
+    }
 }
 
 /// The most shards a device may have.
