@@ -212,6 +212,14 @@ impl CompletionQueue {
         self.shared.cap
     }
 
+    /// Whether the CQ's QPs live on several shards of a sharded device. A poll then only
+    /// takes what the shards' threads delivered: driving every shard's link from the one
+    /// polling thread (and making their threads step aside for it, as a busy poller of an
+    /// unsharded device does) would put all their work back on one core.
+    fn spans_shards(&self) -> bool {
+        self.ctx.shards.len() > 1 && self.shared.shards.load(Ordering::Relaxed).count_ones() > 1
+    }
+
     /// Runs `f` on each engine whose QPs complete here: the device's, or the shards of a
     /// sharded device that hold them.
     fn each_engine(&self, mut f: impl FnMut(&Engine)) {
@@ -221,6 +229,9 @@ impl CompletionQueue {
     /// Fills `out` with up to `out.len()` completions; returns how many. Drives the engine
     /// once when nothing is queued.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        if self.spans_shards() {
+            return self.shared.pop_into(out);
+        }
         let n = self.shared.pop_into(out);
         if n > 0 {
             self.each_engine(Engine::polled_full);
@@ -242,6 +253,9 @@ impl CompletionQueue {
     /// ([`completion_clock_ns`] time; zero unless the CQ was created with
     /// [`CqOptions::timestamps`]).
     pub fn poll_timestamped(&self, out: &mut [WorkCompletion], ts: &mut [u64]) -> usize {
+        if self.spans_shards() {
+            return self.shared.pop_stamped(out, ts);
+        }
         let n = self.shared.pop_stamped(out, ts);
         if n > 0 {
             self.each_engine(Engine::polled_full);

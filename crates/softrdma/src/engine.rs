@@ -71,6 +71,9 @@ const POST_BURST: Duration = Duration::from_micros(4);
 const DEFER_MAX: u32 = 32;
 /// The largest message a burst's post leaves for the next pass (one packet at most MTUs).
 const SMALL_WR: u64 = 4096;
+/// Tries a poster on a shard makes for its lock before it sleeps on it (some tens of
+/// microseconds; see `Engine::lock_spinning`).
+const LOCK_SPINS: u32 = 2000;
 /// Datagrams a shard holds for another at most (see `Engine::hand_over`).
 const STRAYS_MAX: usize = 4096;
 
@@ -333,6 +336,8 @@ struct Sharding {
     /// next pass; `waiting` is set while there are any.
     inbox: Mutex<Vec<(Arrival, Vec<u8>)>>,
     waiting: AtomicBool,
+    /// A post left its packets for this shard's thread to send (see [`Engine::post_send`]).
+    flush_wanted: AtomicBool,
 }
 
 /// One opened device (or one shard of it), shared by all its objects and its progress
@@ -491,6 +496,7 @@ impl Engine {
                 all: OnceLock::new(),
                 inbox: Mutex::new(Vec::new()),
                 waiting: AtomicBool::new(false),
+                flush_wanted: AtomicBool::new(false),
             },
             link_fds,
             wake: EventFd::new()?,
@@ -586,6 +592,22 @@ impl Engine {
         // A panic while holding the lock leaves the protocol state as it was at that
         // point; carrying on is better than poisoning every verbs call after it.
         self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`Self::lock`] for a thread posting to a shard, and for the shard's own thread: the
+    /// shard's thread holds the lock for one pass at a time, a poster only to queue its work,
+    /// and a thread that sleeps on the mutex instead of waiting that out pays a wake-up
+    /// (one thread posting to many shards, perftest's `-q`, met one on most posts, and the
+    /// shard's thread one on most of its passes). Spins a few microseconds first.
+    fn lock_spinning(&self) -> MutexGuard<'_, Core> {
+        for _ in 0..LOCK_SPINS {
+            match self.core.try_lock() {
+                Ok(core) => return core,
+                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => std::hint::spin_loop(),
+            }
+        }
+        self.lock()
     }
 
     // ---- Queue pairs -------------------------------------------------------------------
@@ -730,7 +752,7 @@ impl Engine {
         stage!(PostEntered);
         let started = self.now();
         let start = ns(started);
-        let mut core = self.lock();
+        let mut core = if self.sharding.count > 1 { self.lock_spinning() } else { self.lock() };
         stage!(Locked);
         let Core { endpoint, mem, .. } = &mut *core;
         let Some(qp) = endpoint.qp_mut(qpn) else {
@@ -775,6 +797,14 @@ impl Engine {
         };
         if deferred {
             drop(core);
+        } else if self.sharding.count > 1 && !small && failed.is_none() {
+            // On a shard, a large message's packets are built, checksummed and sent by the
+            // shard's own thread: one thread posting to many QPs (perftest's -q) would
+            // otherwise copy every byte of every shard itself, and the shards would wait on
+            // it. The signal costs a system call; the copies it moves cost far more.
+            drop(core);
+            self.sharding.flush_wanted.store(true, Ordering::Release);
+            self.wake.signal();
         } else {
             // Sent as of the post's start (its clock read serves the flush too: the
             // packets' timers and send times are a few hundred nanoseconds early).
@@ -1407,8 +1437,12 @@ impl Engine {
         let now = self.now();
         let mut received = false;
         let (shard, shards) = (self.sharding.index, self.sharding.count);
-        if shards > 1 && self.sharding.waiting.swap(false, Ordering::AcqRel) {
-            received |= self.take_strays(core, now);
+        if shards > 1 {
+            // Whatever posts left for this thread goes with this pass's flush.
+            self.sharding.flush_wanted.store(false, Ordering::Release);
+            if self.sharding.waiting.swap(false, Ordering::AcqRel) {
+                received |= self.take_strays(core, now);
+            }
         }
         let mut strays: Vec<(Arrival, Vec<u8>)> = Vec::new();
         for _ in 0..8 {
@@ -1807,13 +1841,15 @@ impl Engine {
         while !self.stop.load(Ordering::Acquire) {
             // Another shard handed this one datagrams since `skip` was decided (its wake-up
             // may have been drained since): a pass takes them.
-            skip &= !self.sharding.waiting.load(Ordering::Acquire);
+            skip &= !self.sharding.waiting.load(Ordering::Acquire)
+                && !self.sharding.flush_wanted.load(Ordering::Acquire);
             let timeout = if skip {
                 // Back to the nap, until the earliest deadline known.
                 let until = self.sleeping_until.load(Ordering::Acquire);
                 (until != u64::MAX).then(|| Duration::from_nanos(until.saturating_sub(ns(self.now()))))
             } else {
-                let mut core = self.lock();
+                // On a shard, posters hold the lock only to queue their work: wait it out.
+                let mut core = if self.sharding.count > 1 { self.lock_spinning() } else { self.lock() };
                 let received = self.progress(&mut core, false);
                 if received {
                     last_rx = Some(self.now());
@@ -1867,8 +1903,10 @@ impl Engine {
                 if !watched && link_quiet {
                     skip = self.poller_at_work(&mut polled, &mut left_behind);
                 }
-                // Another shard handed this one datagrams: a pass takes them.
-                skip &= !self.sharding.waiting.load(Ordering::Acquire);
+                // Another shard handed this one datagrams, or a post its packets: a pass
+                // takes them.
+                skip &= !self.sharding.waiting.load(Ordering::Acquire)
+                    && !self.sharding.flush_wanted.load(Ordering::Acquire);
                 if !skip {
                     // A pass comes next, and maybe no nap after it: posts send at once.
                     self.polled_nap.store(false, Ordering::SeqCst);
@@ -1883,6 +1921,7 @@ impl Engine {
                 while !self.stop.load(Ordering::Relaxed)
                     && self.now() < end
                     && !self.sharding.waiting.load(Ordering::Relaxed)
+                    && !self.sharding.flush_wanted.load(Ordering::Relaxed)
                     && sys::wait_readable_any(&self.link_fds, Some(Duration::ZERO)).unwrap_or(1) == 0
                 {
                     std::hint::spin_loop();
