@@ -22,7 +22,9 @@ use crate::Result;
 /// The contexts this process has open, by bound address, each with its engine: a
 /// context whose last handle is gone may still be closing (its progress thread being
 /// joined, its socket not yet closed) while its engine lives.
-type Opened = HashMap<SocketAddr, (Weak<ContextInner>, Weak<Engine>)>;
+/// The third part is gone once the context's sockets are closed (`UdpLink::open_guard`):
+/// an entry stays until then, so that an open of the same address waits for the close.
+type Opened = HashMap<SocketAddr, (Weak<ContextInner>, Weak<Engine>, Weak<()>)>;
 
 fn opened() -> &'static Mutex<Opened> {
     static OPENED: OnceLock<Mutex<Opened>> = OnceLock::new();
@@ -33,17 +35,16 @@ fn opened() -> &'static Mutex<Opened> {
 /// finish closing.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
-/// Binds `want`. If this process's previous context on it was closing (its engine is gone
-/// by now, or [`CLOSE_WAIT`] passed), its socket closes just after its engine's last
-/// strong reference goes: allow a moment past that; a port still taken then is someone
-/// else's.
-fn bind_after_close(want: SocketAddr, closing: Option<Weak<Engine>>, shards: Shards) -> Result<Vec<UdpLink>> {
+/// Binds `want`. If this process's previous context on it was closing (its sockets are
+/// closed by now, or [`CLOSE_WAIT`] passed), allow a moment more; a port still taken then is
+/// someone else's.
+fn bind_after_close(want: SocketAddr, closing: Option<Weak<()>>, shards: Shards) -> Result<Vec<UdpLink>> {
     let since = Instant::now();
     loop {
         match UdpLink::bind_shards(want, shards.count, shards.steer).map(|(links, _)| links) {
             Err(e @ crate::Error::AddressInUse { .. }) => {
-                let Some(engine) = &closing else { return Err(e) };
-                if engine.strong_count() > 0 || since.elapsed() > Duration::from_millis(50) {
+                let Some(sockets) = &closing else { return Err(e) };
+                if sockets.strong_count() > 0 || since.elapsed() > Duration::from_millis(50) {
                     return Err(e);
                 }
                 std::thread::sleep(Duration::from_millis(1));
@@ -69,7 +70,7 @@ fn release_acks_at_exit() {
         let _ = std::panic::catch_unwind(|| {
             // Never block the exit on a table some thread holds.
             let Ok(table) = opened().try_lock() else { return };
-            let engines: Vec<Arc<Engine>> = table.values().filter_map(|(_, e)| e.upgrade()).collect();
+            let engines: Vec<Arc<Engine>> = table.values().filter_map(|(_, e, _)| e.upgrade()).collect();
             drop(table);
             for e in engines {
                 e.release_all_acks();
@@ -167,13 +168,13 @@ impl Context {
         }
         let want = SocketAddr::new(device.addr, port);
         let lookup = |table: &Opened| match table.get(&want) {
-            Some((inner, engine)) if port != 0 => match inner.upgrade() {
+            Some((inner, _, sockets)) if port != 0 => match inner.upgrade() {
                 Some(inner) => Ok(Context { inner }),
-                None => Err(Some(engine.clone())),
+                None => Err(Some(sockets.clone())),
             },
             _ => Err(None),
         };
-        // A previous context on this address still closing: wait for its engine to go,
+        // A previous context on this address still closing: wait for its sockets to close,
         // without the table (other opens go on meanwhile), then look again (another
         // thread may have opened, or closed, it since).
         let deadline = Instant::now() + CLOSE_WAIT;
@@ -181,7 +182,7 @@ impl Context {
             let table = opened().lock().unwrap_or_else(|p| p.into_inner());
             match lookup(&table) {
                 Ok(ctx) => return Ok(ctx),
-                Err(Some(engine)) if engine.strong_count() > 0 && Instant::now() < deadline => {
+                Err(Some(sockets)) if sockets.strong_count() > 0 && Instant::now() < deadline => {
                     drop(table);
                     std::thread::sleep(Duration::from_millis(1));
                 }
@@ -190,6 +191,7 @@ impl Context {
         };
         let links = bind_after_close(want, closing, shards)?;
         let local = links[0].local();
+        let sockets = links[0].open_guard();
         let count = links.len() as u32;
         let mut engines: Vec<Engine> = Vec::with_capacity(links.len());
         for (k, link) in links.into_iter().enumerate() {
@@ -197,8 +199,11 @@ impl Context {
             engines.push(e);
         }
         let inner = Arc::new(ContextInner::start(engines, device)?);
-        table.retain(|_, (_, e)| e.strong_count() > 0);
-        table.insert(local, (Arc::downgrade(&inner), Arc::downgrade(&inner.engine)));
+        // Entries go once their sockets are closed: an entry removed while its engine was
+        // still dropping (its socket open) let an open of its address fail at once, where
+        // it should have waited (seen when another thread opened another address then).
+        table.retain(|_, (_, _, sockets)| sockets.strong_count() > 0);
+        table.insert(local, (Arc::downgrade(&inner), Arc::downgrade(&inner.engine), sockets));
         release_acks_at_exit();
         Ok(Context { inner })
     }

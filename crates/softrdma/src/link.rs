@@ -105,6 +105,10 @@ pub(crate) struct UdpLink {
     ready: Vec<RawFd>,
     /// The device socket's default TOS byte (ECT(0) where the kernel took it).
     tos: u8,
+    /// Alive while the link's sockets are open (the last field: it drops after them),
+    /// shared by the links of one device's shards: an open of the same address waits for
+    /// it to go (see [`UdpLink::open_guard`]).
+    open: Arc<()>,
 }
 
 impl fmt::Debug for UdpLink {
@@ -116,7 +120,13 @@ impl fmt::Debug for UdpLink {
 impl UdpLink {
     /// Binds the device socket on `addr` (port 0 picks one).
     pub(crate) fn bind(addr: SocketAddr) -> Result<UdpLink> {
-        UdpLink::with_socket(bind(addr, false)?)
+        UdpLink::with_socket(bind(addr, false)?, Arc::new(()))
+    }
+
+    /// Gone once every socket of the link (and of the other shards' links of its device)
+    /// is closed: then its address and port can be bound again.
+    pub(crate) fn open_guard(&self) -> std::sync::Weak<()> {
+        Arc::downgrade(&self.open)
     }
 
     /// Binds `n` device sockets on `addr` (port 0 picks one), one per shard of the device,
@@ -136,7 +146,10 @@ impl UdpLink {
         // binds the same port a moment later.
         let port = bind(addr, false)?.local_addr()?.port();
         let at = SocketAddr::new(addr.ip(), port);
-        let links = (0..n).map(|_| UdpLink::with_socket(bind(at, true)?)).collect::<Result<Vec<_>>>()?;
+        let open = Arc::new(());
+        let links = (0..n)
+            .map(|_| UdpLink::with_socket(bind(at, true)?, open.clone()))
+            .collect::<Result<Vec<_>>>()?;
         let steered = steer && sys::attach_qpn_steering(links[0].sockets[0].0.as_raw_fd(), n as u32);
         if steer && !steered {
             tracing::warn!(shards = n, "no QPN steering program: the shards hand datagrams to each other");
@@ -144,7 +157,7 @@ impl UdpLink {
         Ok((links, steered))
     }
 
-    fn with_socket(socket: UdpSocket) -> Result<UdpLink> {
+    fn with_socket(socket: UdpSocket, open: Arc<()>) -> Result<UdpLink> {
         let local = canonical(socket.local_addr()?);
         let ifindex = sys::interfaces::find(local.ip()).ok().flatten().map_or(0, |i| i.index);
         let s2 = socket2::SockRef::from(&socket);
@@ -172,6 +185,7 @@ impl UdpLink {
             ifindex,
             ready: Vec::new(),
             tos,
+            open,
         })
     }
 

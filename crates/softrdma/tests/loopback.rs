@@ -135,9 +135,19 @@ fn reopening_while_another_thread_closes_waits_for_the_close() {
             let _pd = c.alloc_pd();
         }
     };
+    // A third thread opens and closes another address meanwhile: its opens tidy the table
+    // of this process's contexts, which must not forget a context still closing.
+    let other_addr = IpAddr::from([127, 0, 0, 11]);
+    let other = move || {
+        for _ in 0..600 {
+            let _ = Context::open_port(other_addr, 0).unwrap();
+        }
+    };
     let t = std::thread::spawn(churn);
+    let o = std::thread::spawn(other);
     churn();
     t.join().unwrap();
+    o.join().unwrap();
     // Once the context is closed, a port taken by someone else is still an error, soon.
     let other = std::net::UdpSocket::bind((addr, port)).unwrap();
     let t0 = std::time::Instant::now();
