@@ -72,6 +72,32 @@ pub struct EndpointStats {
     pub bundles: u64,
 }
 
+impl std::ops::AddAssign for EndpointStats {
+    /// Two endpoints' counters together (the shards of one device).
+    fn add_assign(&mut self, o: EndpointStats) {
+        let EndpointStats {
+            received,
+            icrc_errors,
+            malformed,
+            unknown_qp,
+            pkey_violations,
+            gsi_dropped,
+            mcast_unattached,
+            mcast_delivered,
+            bundles,
+        } = o;
+        self.received += received;
+        self.icrc_errors += icrc_errors;
+        self.malformed += malformed;
+        self.unknown_qp += unknown_qp;
+        self.pkey_violations += pkey_violations;
+        self.gsi_dropped += gsi_dropped;
+        self.mcast_unattached += mcast_unattached;
+        self.mcast_delivered += mcast_delivered;
+        self.bundles += bundles;
+    }
+}
+
 /// Most QPs of one endpoint attached to one multicast group (rxe: 56).
 pub const MAX_MCAST_QP_ATTACH: usize = 56;
 /// Most multicast groups one endpoint has QPs attached to (rxe: 8192).
@@ -734,20 +760,25 @@ mod tests {
     use super::*;
     use crate::qp::QpCaps;
 
-    /// Past [`SCAN_QPS`] QPs the deadlines go to the heap (a device with thousands of QPs
-    /// must not ask each one for every pass), and back at it they leave it.
-    #[test]
-    fn many_qps_keep_their_deadlines_in_a_heap() {
-        let local: SocketAddr = "10.0.0.1:4791".parse().unwrap();
-        let mut e = Endpoint::new(local);
-        let cfg = QpConfig {
+    /// An RC QP's configuration at `local`.
+    fn rc_config(local: SocketAddr) -> QpConfig {
+        QpConfig {
             qp_type: QpType::Rc,
             pd: PdId(1),
             local,
             caps: QpCaps::default(),
             sq_sig_all: false,
             srq: None,
-        };
+        }
+    }
+
+    /// Past [`SCAN_QPS`] QPs the deadlines go to the heap (a device with thousands of QPs
+    /// must not ask each one for every pass), and back at it they leave it.
+    #[test]
+    fn many_qps_keep_their_deadlines_in_a_heap() {
+        let local: SocketAddr = "10.0.0.1:4791".parse().unwrap();
+        let mut e = Endpoint::new(local);
+        let cfg = rc_config(local);
         let qpns: Vec<Qpn> = (0..=SCAN_QPS).map(|_| e.create_qp(cfg)).collect();
         assert!(e.heap_mode, "{} QPs", qpns.len());
         e.destroy_qp(qpns[0]);
@@ -760,14 +791,7 @@ mod tests {
     #[test]
     fn shard_qpns_carry_the_index() {
         let local: SocketAddr = "10.0.0.1:4791".parse().unwrap();
-        let cfg = QpConfig {
-            qp_type: QpType::Rc,
-            pd: PdId(1),
-            local,
-            caps: QpCaps::default(),
-            sq_sig_all: false,
-            srq: None,
-        };
+        let cfg = rc_config(local);
         for key in [None, Some(7u64)] {
             for index in 0..4 {
                 let mut e = Endpoint::new(local);

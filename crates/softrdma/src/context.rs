@@ -291,14 +291,7 @@ impl Context {
     pub fn io_stats(&self) -> crate::engine::IoStats {
         let mut sum = crate::engine::IoStats::default();
         for s in self.shard_io_stats() {
-            sum.send_calls += s.send_calls;
-            sum.packets_sent += s.packets_sent;
-            sum.gso_trains += s.gso_trains;
-            sum.recv_calls += s.recv_calls;
-            sum.packets_received += s.packets_received;
-            sum.gro_trains += s.gro_trains;
-            sum.oversize += s.oversize;
-            sum.strays += s.strays;
+            sum += s;
         }
         sum
     }
@@ -314,16 +307,7 @@ impl Context {
     pub fn endpoint_stats(&self) -> softrdma_proto::endpoint::EndpointStats {
         let mut sum = softrdma_proto::endpoint::EndpointStats::default();
         for e in &self.inner.shards {
-            let s = e.endpoint_stats();
-            sum.received += s.received;
-            sum.icrc_errors += s.icrc_errors;
-            sum.malformed += s.malformed;
-            sum.unknown_qp += s.unknown_qp;
-            sum.pkey_violations += s.pkey_violations;
-            sum.gsi_dropped += s.gsi_dropped;
-            sum.mcast_unattached += s.mcast_unattached;
-            sum.mcast_delivered += s.mcast_delivered;
-            sum.bundles += s.bundles;
+            sum += e.endpoint_stats();
         }
         sum
     }

@@ -216,6 +216,30 @@ pub struct IoStats {
     pub strays: u64,
 }
 
+impl std::ops::AddAssign for IoStats {
+    /// Two shards' counters together.
+    fn add_assign(&mut self, o: IoStats) {
+        let IoStats {
+            send_calls,
+            packets_sent,
+            gso_trains,
+            recv_calls,
+            packets_received,
+            gro_trains,
+            oversize,
+            strays,
+        } = o;
+        self.send_calls += send_calls;
+        self.packets_sent += packets_sent;
+        self.gso_trains += gso_trains;
+        self.recv_calls += recv_calls;
+        self.packets_received += packets_received;
+        self.gro_trains += gro_trains;
+        self.oversize += oversize;
+        self.strays += strays;
+    }
+}
+
 #[derive(Debug, Default)]
 struct IoCounters {
     send_calls: AtomicU64,
