@@ -212,6 +212,13 @@ pair "ib_write_bw/perf" "C server, Rust client" $(on $srv_ip ib_write_bw -p @POR
 # shellcheck disable=SC2086
 pair "perf/ib_send_lat" "Rust server, C client" $softrdma perf send_lat -d $srv_ip -p @PORT@ -n 2000 :: \
   $(on $cli_ip ib_send_lat -p @PORT@ -n 2000 $srv_ip)
+# Several QPs: perftest swaps every QP's message again once they are connected.
+# shellcheck disable=SC2086
+pair "ib_send_bw/perf" "-q 4, C server, Rust client" $(on $srv_ip ib_send_bw -q 4 -p @PORT@ -n 1000) :: \
+  $softrdma perf send_bw -q 4 -d $cli_ip -p @PORT@ -n 1000 $srv_ip
+# shellcheck disable=SC2086
+pair "perf/ib_write_bw" "-q 4, Rust server, C client" $softrdma perf write_bw -q 4 -d $srv_ip -p @PORT@ -n 1000 :: \
+  $(on $cli_ip ib_write_bw -q 4 -p @PORT@ -n 1000 $srv_ip)
 
 # ---- rdma_cm: rdmacm-utils, perftest -R, the tutorial's programs ------------------------
 # The servers listen on the rdma_cm port @PORT@ (udaddy: its fixed 7174; rping, ucmatose and udaddy bind their

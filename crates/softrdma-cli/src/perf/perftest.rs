@@ -161,9 +161,11 @@ impl Session<'_> {
         } else {
             self.connect_qps(mtu)?;
         }
-        // perftest repeats the first message as a barrier once all QPs are ready, and once
-        // more except in the one-sided BW tests.
-        s.swap(self.client, &self.key())?;
+        // perftest repeats every QP's message once all QPs are ready (a swap each, in
+        // order), then the first one more except in the one-sided BW tests.
+        for k in 0..self.mine.len() {
+            s.swap(self.client, &self.key_of(k))?;
+        }
         if self.args.test.is_send() || !self.args.test.is_bw() {
             s.swap(self.client, &self.key())?;
         }
