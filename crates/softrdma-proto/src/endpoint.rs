@@ -786,6 +786,25 @@ mod tests {
         assert!(e.timers.is_empty());
     }
 
+    /// Two endpoints' counters add up field by field.
+    #[test]
+    fn stats_add_up() {
+        let one = |k: u64| EndpointStats {
+            received: k,
+            icrc_errors: 2 * k,
+            malformed: 3 * k,
+            unknown_qp: 4 * k,
+            pkey_violations: 5 * k,
+            gsi_dropped: 6 * k,
+            mcast_unattached: 7 * k,
+            mcast_delivered: 8 * k,
+            bundles: 9 * k,
+        };
+        let mut sum = one(1);
+        sum += one(10);
+        assert_eq!(sum, one(11));
+    }
+
     /// A shard's QPNs carry its index in their low bits, keyed or counting, and never
     /// name QP1 or the multicast QPN.
     #[test]
@@ -803,14 +822,16 @@ mod tests {
                 for _ in 0..200 {
                     let q = e.create_qp(cfg).get();
                     assert_eq!(q & 3, index, "{q:#x}");
-                    assert!(q >= FIRST_QPN && q != crate::MASK_24);
+                    assert!(q >= FIRST_QPN && q < crate::MASK_24, "{q:#x}");
                     assert!(seen.insert(q));
                 }
             }
         }
-        // Not a power of two: ignored.
-        let mut e = Endpoint::new(local);
-        e.set_qpn_shard(1, 3);
-        assert_eq!(e.create_qp(cfg).get(), FIRST_QPN);
+        // Not a power of two, or an index past the count: ignored.
+        for (index, count) in [(1, 3), (4, 4)] {
+            let mut e = Endpoint::new(local);
+            e.set_qpn_shard(index, count);
+            assert_eq!(e.create_qp(cfg).get(), FIRST_QPN, "{index} of {count}");
+        }
     }
 }

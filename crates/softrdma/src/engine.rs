@@ -1966,7 +1966,40 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use super::PolledNap;
+    use super::{IoStats, PolledNap};
+
+    #[test]
+    fn io_stats_add_up() {
+        let one = |k: u64| IoStats {
+            send_calls: k,
+            packets_sent: 2 * k,
+            gso_trains: 3 * k,
+            recv_calls: 4 * k,
+            packets_received: 5 * k,
+            gro_trains: 6 * k,
+            oversize: 7 * k,
+            strays: 8 * k,
+        };
+        let mut sum = one(1);
+        sum += one(10);
+        assert_eq!(sum, one(11));
+    }
+
+    #[test]
+    fn a_datagram_belongs_to_the_shard_its_qpn_names() {
+        let bth = |qpn: u32| {
+            let mut b = [0u8; 12];
+            b[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+            b
+        };
+        assert_eq!(super::shard_of(&bth(0x12_3457), 4), 3);
+        assert_eq!(super::shard_of(&bth(0x12_3457), 8), 7);
+        // QP1 and multicast go to shard 0; so does a datagram too short for a BTH.
+        assert_eq!(super::shard_of(&bth(1), 4), 0);
+        assert_eq!(super::shard_of(&bth(0xff_ffff), 4), 0);
+        assert_eq!(super::shard_of(&[0, 0, 0, 0, 0, 0x12, 0x34], 4), 0);
+        assert_eq!(super::shard_of(&bth(0x12_3457), 1), 0);
+    }
 
     #[test]
     fn the_polled_nap_shortens_only_when_the_poller_left_packets_behind() {
