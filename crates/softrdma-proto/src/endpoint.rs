@@ -822,7 +822,7 @@ mod tests {
                 for _ in 0..200 {
                     let q = e.create_qp(cfg).get();
                     assert_eq!(q & 3, index, "{q:#x}");
-                    assert!(q >= FIRST_QPN && q < crate::MASK_24, "{q:#x}");
+                    assert!((FIRST_QPN..crate::MASK_24).contains(&q), "{q:#x}");
                     assert!(seen.insert(q));
                 }
             }
