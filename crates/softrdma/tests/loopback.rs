@@ -528,6 +528,13 @@ fn the_channel_fd_is_readable_while_an_event_waits() {
                 send8(q, &mra, round);
             }
             let first = waiter.join().unwrap();
+            // The second event may be arriving right now (the progress thread delivering
+            // it): give the fd time to say so. An event the waiter queued without making
+            // the fd readable (the fault this test guards) leaves it unreadable for good.
+            let until = Instant::now() + Duration::from_millis(500);
+            while !readable(fd) && Instant::now() < until {
+                std::thread::yield_now();
+            }
             let fd_says = readable(fd);
             let second = match ch.try_get_event() {
                 Some(cq) => {
