@@ -58,7 +58,10 @@ fn post_a_burst(a: &Side, b: &Side, n: u64, then_poll: bool) -> u64 {
     for k in 0..n {
         b.qp.post_recv(RecvWr { wr_id: k, sg_list: softrdma::sgl![b.mr.sge(0, 64).unwrap()] }).unwrap();
     }
-    for _ in 0..32 {
+    // Busy-poll long enough for the progress thread to look (it sleeps up to 20 ms) and
+    // see a poller at work: the state in which posts wait for company.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(25) {
         assert!(a.cq.poll_one().is_none());
     }
     let before = a.ctx.io_stats().send_calls;
