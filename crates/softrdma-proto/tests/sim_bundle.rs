@@ -301,12 +301,45 @@ fn a_bundle_is_split_whatever_the_receiver_thinks_of_its_peer() {
     // Node 0 takes node 1 for foreign (an option set on one side only, or a stale memory
     // of a kernel peer at that address); node 1 does not, and bundles its ACKs. Node 0
     // still splits them: a bundle's request passes the exact ICRC check on its own.
+    // (Node 0, taking its peer for foreign, does not say that it splits bundles: node 1 is
+    // told so here, as a peer that had heard it earlier would be.)
     let mut p = PingPong::each(Mtu::Mtu1024, [true, false], true);
+    let q1 = p.qpn[1];
+    p.sim.nodes[1].endpoint.qp_mut(q1).unwrap().set_peer_splits_bundles(true);
     let done = p.rounds(30, 8);
     assert_all_done(&done, 30, 8);
     let from_1 = p.sent.iter().filter(|(n, d)| *n == 1 && bundle::split(d).is_some()).count();
     assert!(from_1 >= 29, "{from_1} bundles from node 1");
     assert_eq!(p.sim.nodes[0].endpoint.stats().icrc_errors, 0);
+}
+
+#[test]
+fn no_bundle_goes_to_a_peer_that_does_not_say_it_splits_them() {
+    // Node 0 plays a softrdma build older than bundles: its requests carry no
+    // SPLITS_BUNDLES, and it would take a bundle whole and drop it on its ICRC. Node 1 sends
+    // it none, and every message of the ping-pong completes; node 0 bundles towards node 1,
+    // whose requests say it splits them.
+    let mut p = PingPong::each(Mtu::Mtu1024, [false, false], true);
+    let q0 = p.qpn[0];
+    p.sim.nodes[0].endpoint.qp_mut(q0).unwrap().set_announce_splits(false);
+    let done = p.rounds(30, 8);
+    assert_all_done(&done, 30, 8);
+    let from = |n: usize| p.sent.iter().filter(|(m, d)| *m == n && bundle::split(d).is_some()).count();
+    assert_eq!(from(1), 0, "bundles towards a peer that never said it splits them");
+    assert!(from(0) >= 29, "{} bundles from node 0", from(0));
+    let flagged = |n: usize| {
+        p.sent.iter().filter(|(m, d)| *m == n && d[bundle::FLAG_BYTE] & bundle::SPLITS_BUNDLES != 0).count()
+    };
+    assert_eq!(flagged(0), 0);
+    assert!(flagged(1) > 0);
+    // A foreign peer hears of neither: no reserved bit in anything sent to it.
+    let mut p = PingPong::each(Mtu::Mtu1024, [true, true], true);
+    let done = p.rounds(10, 8);
+    assert_all_done(&done, 10, 8);
+    assert!(
+        p.sent.iter().all(|(_, d)| d[bundle::FLAG_BYTE] & 0x7f == 0),
+        "a reserved bit towards a foreign peer"
+    );
 }
 
 #[test]

@@ -317,6 +317,13 @@ pub struct QueuePair {
     bundling: bool,
     /// Bundles may be sent to a softrdma peer: see [`Self::set_bundle_acks`].
     bundle_acks: bool,
+    /// The peer's requests say that it splits bundles ([`bundle::SPLITS_BUNDLES`]): only
+    /// then do ACKs ride with this QP's requests (a softrdma build older than bundles
+    /// would take a bundle whole and drop it on its ICRC).
+    peer_splits: bool,
+    /// This QP's requests say that it splits bundles (on; off only to play an older build
+    /// in tests).
+    announce_splits: bool,
     /// While a multicast packet is handled: the group it was sent to (the destination in
     /// the receive buffer's GRH area).
     mcast_dst: Option<IpAddr>,
@@ -367,6 +374,8 @@ impl QueuePair {
             ack_follows: false,
             bundling: false,
             bundle_acks: true,
+            peer_splits: false,
+            announce_splits: true,
         }
     }
 
@@ -463,6 +472,25 @@ impl QueuePair {
     /// are split either way.
     pub fn set_bundle_acks(&mut self, on: bool) {
         self.bundle_acks = on;
+    }
+
+    /// Whether this QP's requests to a softrdma peer carry [`bundle::SPLITS_BUNDLES`] (on
+    /// by default): off, the QP looks to its peer like a softrdma build older than
+    /// bundles, which is what the tests of that case use it for.
+    pub fn set_announce_splits(&mut self, on: bool) {
+        self.announce_splits = on;
+    }
+
+    /// Whether the peer's requests have said that it splits bundles.
+    pub fn peer_splits_bundles(&self) -> bool {
+        self.peer_splits
+    }
+
+    /// Takes the peer for one that splits bundles (or not) without waiting for its
+    /// requests to say so: for tests of a receiver that gets bundles it did not ask for.
+    #[doc(hidden)]
+    pub fn set_peer_splits_bundles(&mut self, on: bool) {
+        self.peer_splits = on;
     }
 
     /// Whether selective recovery is on towards this QP's peer (softrdma, RC): the
@@ -780,6 +808,14 @@ impl QueuePair {
             }
         }
         if op.is_request() {
+            // A request from the peer's latched port that says its QP splits bundles (see
+            // `wire::bundle`).
+            if connected
+                && self.peer_port == Some(src.port())
+                && pkt.as_bytes().get(bundle::FLAG_BYTE).is_some_and(|b| b & bundle::SPLITS_BUNDLES != 0)
+            {
+                self.peer_splits = true;
+            }
             if self.cfg.srq.is_some() && srq.is_none() {
                 // The runtime must pass the SRQ; without it, nothing can be received.
                 self.stats.dropped += 1;
@@ -821,7 +857,7 @@ impl QueuePair {
         // packets leave as one GSO train. Not before a zero-length SEND, the one request
         // shorter than an ACK.
         if peer && self.resp.ack_may_wait(now) && self.requests_ready() && !self.next_is_empty_send() {
-            self.bundling = self.bundle_acks;
+            self.bundling = self.bundle_acks && self.peer_splits;
             let t = self.next_request(now, buf, mem);
             self.bundling = false;
             if let Some(mut t) = t {
@@ -1028,6 +1064,10 @@ impl QueuePair {
             // packet of its message: longer than the packets before it, a bundle must end
             // their GSO train.
             buf[bundle::FLAG_BYTE] |= bundle::BUNDLED_ACK;
+        }
+        if self.announce_splits && !self.foreign_peer && self.cfg.qp_type != QpType::Ud {
+            // This QP splits bundles: say so to a softrdma peer (see `wire::bundle`).
+            buf[bundle::FLAG_BYTE] |= bundle::SPLITS_BUNDLES;
         }
         let (bth, rest) = buf[..head_len].split_first_chunk::<12>().ok_or(crate::memory::MemError::BadKey)?;
         let mut h = icrc::IcrcHasher::with_bth(&encap, total, bth);

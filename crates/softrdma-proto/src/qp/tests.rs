@@ -37,6 +37,9 @@ struct T {
     rkey: Rkey,
     now: Duration,
     buf: Vec<u8>,
+    /// The peer's requests say it splits bundles, as a softrdma peer's do (see
+    /// `wire::bundle::SPLITS_BUNDLES`); off, the peer is an older build.
+    peer_splits: bool,
 }
 
 /// A packet the QP sent, parsed.
@@ -98,7 +101,7 @@ impl T {
         for (i, b) in mem.bytes_mut(lkey).unwrap().iter_mut().enumerate() {
             *b = (i * 7) as u8;
         }
-        T { qp, mem, lkey, rkey, now: Duration::ZERO, buf: vec![0; 9000] }
+        T { qp, mem, lkey, rkey, now: Duration::ZERO, buf: vec![0; 9000], peer_splits: true }
     }
 
     fn bytes(&self) -> Vec<u8> {
@@ -128,6 +131,11 @@ impl T {
     fn feed_from(&mut self, src: SocketAddr, r: &PacketRepr, payload: &[u8]) {
         let mut b = vec![0u8; r.total_len()];
         r.emit(&mut b, payload, &icrc::Encap::new(src, me()).unwrap()).unwrap();
+        // (The QP takes packets whose ICRC the endpoint checked: the flag set after the
+        // ICRC is computed changes nothing here.)
+        if self.peer_splits && r.bth.opcode.is_request() {
+            b[crate::wire::bundle::FLAG_BYTE] |= crate::wire::bundle::SPLITS_BUNDLES;
+        }
         let p = Packet::new_checked(&b[..]).unwrap();
         self.qp.handle_packet(self.now, src, 0, &p, &mut self.mem, None);
     }

@@ -17,7 +17,10 @@
 //! Each packet is exactly what it would be alone, its ICRC computed for a datagram of its
 //! own length; the request's BTH carries [`BUNDLED_ACK`], the first of the seven bits
 //! after AckReq that the IBTA reserves (senders zero them, receivers ignore them, and the
-//! ICRC covers them, so a flipped flag fails the check). A receiver that sees the flag on
+//! ICRC covers them, so a flipped flag fails the check). A QP bundles only towards a peer
+//! whose requests carry [`SPLITS_BUNDLES`], the next reserved bit, which says that peer
+//! splits bundles (every softrdma QP sets it on its requests to a softrdma peer; a build
+//! older than bundles does not, and gets none). A receiver that sees the flag on
 //! a datagram with an RC ACKNOWLEDGE opcode 20 bytes from the end, and whose first part
 //! passes the exact ICRC check on its own, handles the two parts in order as two
 //! datagrams (anything else that looks like one, a foreign sender's reserved bit set say,
@@ -31,7 +34,13 @@ pub use crate::qp::PMTU_HEADROOM;
 /// The flag in BTH byte 8 (AckReq and seven reserved bits) that says an ACK follows the
 /// packet in the same datagram.
 pub const BUNDLED_ACK: u8 = 0x40;
-/// The offset of the byte that carries it.
+/// The flag in the same byte that says the sending QP splits bundles: set on every
+/// request towards a softrdma peer, so that a QP bundles ACKs only towards a peer whose
+/// requests carried it (a softrdma build older than bundles sets no reserved bit, and
+/// would take a bundle whole and drop it on its ICRC). The second reserved bit after
+/// AckReq; never sent to a foreign peer.
+pub const SPLITS_BUNDLES: u8 = 0x20;
+/// The offset of the byte that carries them.
 pub const FLAG_BYTE: usize = 8;
 /// The length of the ACK that rides along: BTH, AETH and ICRC.
 pub const BUNDLED_ACK_LEN: usize = 12 + 4 + super::ICRC_LEN;
