@@ -332,6 +332,10 @@ fn no_bundle_goes_to_a_peer_that_does_not_say_it_splits_them() {
     };
     assert_eq!(flagged(0), 0);
     assert!(flagged(1) > 0);
+    // Requests say it, answers do not: a lone ACK (BTH, AETH, ICRC) carries no bit.
+    let lone_acks: Vec<_> = p.sent.iter().filter(|(_, d)| d.len() == bundle::BUNDLED_ACK_LEN).collect();
+    assert!(!lone_acks.is_empty());
+    assert!(lone_acks.iter().all(|(_, d)| d[bundle::FLAG_BYTE] & 0x7f == 0));
     // A foreign peer hears of neither: no reserved bit in anything sent to it.
     let mut p = PingPong::each(Mtu::Mtu1024, [true, true], true);
     let done = p.rounds(10, 8);

@@ -74,8 +74,8 @@ pub(crate) struct CqShared {
     /// Tasks awaiting a completion ([`CompletionQueue::next`]).
     wakers: Mutex<Vec<Waker>>,
     has_wakers: AtomicBool,
-    /// The shards of a sharded device whose QPs complete here, a bit each (shard 0's
-    /// always): the ones a poll drives.
+    /// The shards of a sharded device whose QPs complete here, a bit each: the ones a
+    /// poll drives (shard 0 while there are none).
     shards: AtomicU64,
 }
 
@@ -197,7 +197,7 @@ impl CompletionQueue {
             channel: channel.map(|c| c.shared.clone()),
             wakers: Mutex::new(Vec::new()),
             has_wakers: AtomicBool::new(false),
-            shards: AtomicU64::new(1),
+            shards: AtomicU64::new(0),
         });
         Ok(CompletionQueue { shared, ctx })
     }
@@ -380,7 +380,10 @@ fn each_engine(ctx: &ContextInner, cq: &CqShared, f: &mut dyn FnMut(&Engine)) {
     if ctx.shards.len() == 1 {
         return f(&ctx.engine);
     }
-    let mask = cq.shards.load(Ordering::Relaxed);
+    let mask = match cq.shards.load(Ordering::Relaxed) {
+        0 => 1,
+        m => m,
+    };
     for (k, e) in ctx.shards.iter().enumerate() {
         if mask & (1 << (k % 64)) != 0 {
             f(e);

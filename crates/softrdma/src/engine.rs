@@ -1118,7 +1118,11 @@ impl Engine {
         // `on_qp`).
         for k in 1..self.sharding.count {
             if let Some(s) = self.sibling(k) {
-                s.send_deferred();
+                if s.sharding.flush_wanted.load(Ordering::Acquire) {
+                    s.flush_and_wake(s.lock());
+                } else {
+                    s.send_deferred();
+                }
             }
         }
         let r = {
@@ -1126,7 +1130,8 @@ impl Engine {
             if core.endpoint.cm().is_none() {
                 return Err(Error::InvalidArgument("the connection manager is not running"));
             }
-            if self.deferred.load(Ordering::Relaxed) > 0 {
+            if self.deferred.load(Ordering::Relaxed) > 0 || self.sharding.flush_wanted.load(Ordering::Acquire)
+            {
                 // Data posted before a CM call (a DREQ) leaves before its messages.
                 self.flush(&mut core);
             }

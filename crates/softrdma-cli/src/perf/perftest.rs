@@ -162,11 +162,15 @@ impl Session<'_> {
             self.connect_qps(mtu)?;
         }
         // perftest repeats every QP's message once all QPs are ready (a swap each, in
-        // order), then the first one more except in the one-sided BW tests.
+        // order) and the first one more: that one first in the SEND tests, last in the
+        // others, and not at all in the one-sided BW tests.
+        if self.args.test.is_send() {
+            s.swap(self.client, &self.key())?;
+        }
         for k in 0..self.mine.len() {
             s.swap(self.client, &self.key_of(k))?;
         }
-        if self.args.test.is_send() || !self.args.test.is_bw() {
+        if !self.args.test.is_send() && !self.args.test.is_bw() {
             s.swap(self.client, &self.key())?;
         }
         if let Ctrl::Tcp(b) = &mut s {

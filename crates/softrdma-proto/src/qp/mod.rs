@@ -516,6 +516,8 @@ impl QueuePair {
         if let Some(r) = attr.remote {
             self.remote = Some(r);
             self.peer_port = None;
+            // A new peer says for itself whether it splits bundles.
+            self.peer_splits = false;
         }
         if let Some(t) = attr.traffic_class {
             self.traffic_class = t;
@@ -551,6 +553,7 @@ impl QueuePair {
         }
         match to {
             QpState::Reset => {
+                self.peer_splits = false;
                 self.sq.clear();
                 self.rq.clear();
                 self.req = requester::Requester::new(Psn::new(0));
@@ -1065,8 +1068,13 @@ impl QueuePair {
             // their GSO train.
             buf[bundle::FLAG_BYTE] |= bundle::BUNDLED_ACK;
         }
-        if self.announce_splits && !self.foreign_peer && self.cfg.qp_type != QpType::Ud {
-            // This QP splits bundles: say so to a softrdma peer (see `wire::bundle`).
+        if self.announce_splits
+            && !self.foreign_peer
+            && self.cfg.qp_type != QpType::Ud
+            && buf.first().and_then(|&b| crate::wire::Opcode::new(b)).is_some_and(|o| o.is_request())
+        {
+            // This QP splits bundles: say so to a softrdma peer, on its requests (see
+            // `wire::bundle`).
             buf[bundle::FLAG_BYTE] |= bundle::SPLITS_BUNDLES;
         }
         let (bth, rest) = buf[..head_len].split_first_chunk::<12>().ok_or(crate::memory::MemError::BadKey)?;

@@ -413,6 +413,23 @@ fn the_probe_waits_for_a_peer_that_may_delay_its_ack() {
 }
 
 #[test]
+fn a_peer_says_for_itself_that_it_splits_bundles() {
+    // Learned from a request of the peer's; forgotten when the QP is reset (a new peer,
+    // which comes only through RESET, must say it again).
+    let mut t = T::new(QpType::Rc);
+    assert!(!t.qp.peer_splits_bundles());
+    t.request(Operation::RdmaWriteOnly, RQ, BASE, &[1; 8]);
+    assert!(t.qp.peer_splits_bundles());
+    t.qp.modify(&QpAttr { state: Some(QpState::Reset), ..Default::default() }).unwrap();
+    assert!(!t.qp.peer_splits_bundles());
+    // A peer whose requests do not say it is never taken for one that does.
+    let mut t = T::new(QpType::Rc);
+    t.peer_splits = false;
+    t.request(Operation::RdmaWriteOnly, RQ, BASE, &[1; 8]);
+    assert!(!t.qp.peer_splits_bundles());
+}
+
+#[test]
 fn an_ack_leaves_with_the_next_request_or_at_once_when_many_psns_are_owed() {
     // A ping-pong: the pong carries the ping's ACK in its datagram (`wire::bundle`), with
     // the pong's ECN codepoint (ECT(0)); each packet's ICRC is its own.
