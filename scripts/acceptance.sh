@@ -219,6 +219,10 @@ pair "ib_send_bw/perf" "-q 4, C server, Rust client" $(on $srv_ip ib_send_bw -q 
 # shellcheck disable=SC2086
 pair "perf/ib_write_bw" "-q 4, Rust server, C client" $softrdma perf write_bw -q 4 -d $srv_ip -p @PORT@ -n 1000 :: \
   $(on $cli_ip ib_write_bw -q 4 -p @PORT@ -n 1000 $srv_ip)
+# write_lat past 256 writes: the byte each write ends with counts as perftest's, modulo 256.
+# shellcheck disable=SC2086
+pair "perf/ib_write_lat" "-n 600, Rust server, C client" $softrdma perf write_lat -d $srv_ip -p @PORT@ -n 600 :: \
+  $(on $cli_ip ib_write_lat -p @PORT@ -n 600 $srv_ip)
 
 # ---- rdma_cm: rdmacm-utils, perftest -R, the tutorial's programs ------------------------
 # The servers listen on the rdma_cm port @PORT@ (udaddy: its fixed 7174; rping, ucmatose and udaddy bind their

@@ -238,16 +238,17 @@ impl Session<'_> {
     /// write_lat: writes iteration `i` into the peer's buffer; its last byte changes last.
     fn write_mark(&self, size: usize, i: u64) -> Result<(), Fail> {
         let mut msg = vec![(i % 251) as u8; size.max(1)];
-        msg[size.max(1) - 1] = (i % 251) as u8 + 1;
+        msg[size.max(1) - 1] = mark(i);
         self.mr.write(self.local, &msg[..size.max(1)]).map_err(|e| e.to_string())?;
         self.post(0, size.max(1), i, true)?;
         self.wait_kind(WcOpcode::RdmaWrite)
     }
 
-    /// write_lat: spins on the last byte of our buffer until the peer's write `i` landed.
+    /// write_lat: spins on the last byte of our buffer until the peer's write `i` (from 0)
+    /// landed.
     fn wait_mark(&self, size: usize, i: u64) -> Result<(), Fail> {
         let local = self.local + self.buf + size.max(1) - 1;
-        let want = (i % 251) as u8 + 1;
+        let want = mark(i);
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut b = [0u8];
         loop {
@@ -382,4 +383,21 @@ fn peak(marks: &[(u64, f64)], size: usize) -> f64 {
         }
     }
     best
+}
+
+/// The last byte of write_lat's `i`-th write (from 0): the write's number from 1, modulo
+/// 256, as perftest's `(char)++scnt` (a peer counting another way stops at the first
+/// value where the two differ: with values 1 to 251, at the 252nd write).
+fn mark(i: u64) -> u8 {
+    (i.wrapping_add(1) % 256) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn write_lat_marks_count_as_perftests_do() {
+        let marks: Vec<u8> =
+            [0u64, 1, 250, 251, 254, 255, 256, 511].iter().map(|&i| super::mark(i)).collect();
+        assert_eq!(marks, [1, 2, 251, 252, 255, 0, 1, 0]);
+    }
 }
