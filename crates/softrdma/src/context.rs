@@ -41,7 +41,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 fn bind_after_close(want: SocketAddr, closing: Option<Weak<()>>, shards: Shards) -> Result<Vec<UdpLink>> {
     let since = Instant::now();
     loop {
-        match UdpLink::bind_shards(want, shards.count, shards.steer).map(|(links, _)| links) {
+        match UdpLink::bind_shards(want, shards.count, shards.steer) {
             Err(e @ crate::Error::AddressInUse { .. }) => {
                 let Some(sockets) = &closing else { return Err(e) };
                 if sockets.strong_count() > 0 || since.elapsed() > Duration::from_millis(50) {
@@ -144,10 +144,7 @@ impl Context {
     /// otherwise. Opening an address this process has open already returns that context,
     /// whatever its shards.
     pub fn open_sharded(addr: IpAddr, port: u16, shards: usize) -> Result<Context> {
-        if !shards.is_power_of_two() || shards > crate::device::MAX_SHARDS {
-            return Err(crate::Error::InvalidArgument("shards must be a power of two, at most 64"));
-        }
-        Context::open_with(find_device(&addr.to_string())?, port, Shards { count: shards, steer: true })
+        Context::open_shards(addr, port, Shards { count: shards, steer: true })
     }
 
     /// [`Context::open_sharded`] without the kernel's steering program: the kernel spreads
@@ -156,10 +153,14 @@ impl Context {
     /// takes the same path).
     #[doc(hidden)]
     pub fn open_sharded_unsteered(addr: IpAddr, port: u16, shards: usize) -> Result<Context> {
-        if !shards.is_power_of_two() || shards > crate::device::MAX_SHARDS {
+        Context::open_shards(addr, port, Shards { count: shards, steer: false })
+    }
+
+    fn open_shards(addr: IpAddr, port: u16, shards: Shards) -> Result<Context> {
+        if !shards.count.is_power_of_two() || shards.count > crate::device::MAX_SHARDS {
             return Err(crate::Error::InvalidArgument("shards must be a power of two, at most 64"));
         }
-        Context::open_with(find_device(&addr.to_string())?, port, Shards { count: shards, steer: false })
+        Context::open_with(find_device(&addr.to_string())?, port, shards)
     }
 
     fn open_with(device: Device, port: u16, shards: Shards) -> Result<Context> {

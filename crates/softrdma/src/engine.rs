@@ -573,21 +573,22 @@ impl Engine {
     fn hand_over(&self, strays: &mut Vec<(Arrival, Vec<u8>)>) {
         self.io.strays.fetch_add(strays.len() as u64, Ordering::Relaxed);
         let count = self.sharding.count;
-        for k in 0..count {
-            if !strays.iter().any(|(_, b)| shard_of(b, count) == k) {
-                continue;
-            }
+        // By owner, each QP's datagrams in their order (the sort is stable); then each
+        // owner's run moves to its inbox, no datagram copied again.
+        strays.sort_by_key(|(_, b)| shard_of(b, count));
+        while let Some(k) = strays.first().map(|(_, b)| shard_of(b, count)) {
+            let run = strays.iter().take_while(|(_, b)| shard_of(b, count) == k).count();
+            let batch = strays.drain(..run);
             let Some(to) = self.sibling(k) else { continue };
             let mut inbox = to.sharding.inbox.lock().unwrap_or_else(|p| p.into_inner());
             // Bounded as a socket's buffer is: what a shard that stopped passing would
             // leave is lost, as a full socket loses it.
             let room = STRAYS_MAX.saturating_sub(inbox.len());
-            inbox.extend(strays.iter().filter(|(_, b)| shard_of(b, count) == k).take(room).cloned());
+            inbox.extend(batch.take(room));
             drop(inbox);
             to.sharding.waiting.store(true, Ordering::Release);
             to.wake.signal();
         }
-        strays.clear();
     }
 
     /// Runs `f` on QP `qpn` wherever it lives: in this engine, which `core` is, or in

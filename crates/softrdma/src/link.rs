@@ -132,14 +132,14 @@ impl UdpLink {
     /// Binds `n` device sockets on `addr` (port 0 picks one), one per shard of the device,
     /// in one `SO_REUSEPORT` group whose datagrams the kernel steers to the shard named
     /// by the low bits of their destination QPN (see [`sys::attach_qpn_steering`]); `n`
-    /// a power of two. Returns the links in shard order and whether the steering program
-    /// took (without it the kernel spreads datagrams by its own hash, and the shards hand
-    /// each other what they were not meant to get). One socket, as [`UdpLink::bind`]
-    /// makes, when `n` is 1.
+    /// a power of two. Returns the links in shard order; without the steering program
+    /// (refused, which is logged, or not asked for) the kernel spreads datagrams by its
+    /// own hash, and the shards hand each other what they were not meant to get. One
+    /// socket, as [`UdpLink::bind`] makes, when `n` is 1.
     /// `steer: false` leaves the program out (to test the hand-over).
-    pub(crate) fn bind_shards(addr: SocketAddr, n: usize, steer: bool) -> Result<(Vec<UdpLink>, bool)> {
+    pub(crate) fn bind_shards(addr: SocketAddr, n: usize, steer: bool) -> Result<Vec<UdpLink>> {
         if n <= 1 {
-            return Ok((vec![UdpLink::bind(addr)?], true));
+            return Ok(vec![UdpLink::bind(addr)?]);
         }
         // The address must be free: a group of another process of this user would let our
         // sockets join it. A plain bind says so (and picks the port for port 0); the group
@@ -150,11 +150,10 @@ impl UdpLink {
         let links = (0..n)
             .map(|_| UdpLink::with_socket(bind(at, true)?, open.clone()))
             .collect::<Result<Vec<_>>>()?;
-        let steered = steer && sys::attach_qpn_steering(links[0].sockets[0].0.as_raw_fd(), n as u32);
-        if steer && !steered {
+        if steer && !sys::attach_qpn_steering(links[0].sockets[0].0.as_raw_fd(), n as u32) {
             tracing::warn!(shards = n, "no QPN steering program: the shards hand datagrams to each other");
         }
-        Ok((links, steered))
+        Ok(links)
     }
 
     fn with_socket(socket: UdpSocket, open: Arc<()>) -> Result<UdpLink> {
