@@ -172,6 +172,77 @@ fn lost_read_responses_are_asked_for_alone() {
     assert!(again >= 35, "go-back-N sent {again} responses again");
 }
 
+/// Operations of node 0 on node 1's memory, each a READ (`true`) or a WRITE of `n`
+/// packets, on regions apart, with the first copy of each of node 1's answers at PSN
+/// offsets `lost` dropped. Checks that all completed in order and moved every byte;
+/// returns the log and the requester's probe count.
+fn ops_losing(ops: &[(bool, usize)], lost: &[u32]) -> (Log, u64) {
+    let mut p = Pair::with(1, Impairments::default(), params(true));
+    let mut at = 0;
+    for (k, &(read, n)) in ops.iter().enumerate() {
+        let len = n * PMTU;
+        let (remote_addr, rkey) = (B_BASE + (OFF + at) as u64, p.b.1);
+        let op = if read { SendOp::Read { remote_addr, rkey } } else { SendOp::Write { remote_addr, rkey } };
+        let sg_list = sge(p.a.0, A_BASE + at as u64, len);
+        p.post_send(SendWr { wr_id: k as u64, op, sg_list, flags: signaled(), ud: None });
+        at += len;
+    }
+    let hit = |psn: u32, n: u32| n == 1 && lost.iter().any(|&k| psn == (FIRST + k) & 0xFF_FFFF);
+    let log = run(&mut p, |_, _| false, hit);
+    for k in 0..ops.len() {
+        let wc = p.sim.nodes[0].endpoint.qp_mut(p.qa).unwrap().poll_send_completion().expect("completion");
+        assert!(wc.status.is_success() && wc.wr_id == k as u64, "{wc:?}");
+    }
+    let (a, b) = (p.a_bytes(), p.b_bytes());
+    let bad = (OFF..OFF + at).find(|&i| a[i] != b[i]);
+    assert_eq!(bad, None, "first byte that differs (of {}..{})", OFF, OFF + at);
+    let probes = p.sim.nodes[0].endpoint.qp(p.qa).unwrap().stats().probes;
+    (log, probes)
+}
+
+/// When node 0 sent the first copy of PSN offset `k`.
+fn sent_at(log: &Log, k: u32, copy: u32) -> std::time::Duration {
+    let psn = (FIRST + k) & 0xFF_FFFF;
+    log.order.iter().find(|&&(p, n, _)| p == psn && n == copy).map(|&(_, _, t)| t).expect("sent")
+}
+
+#[test]
+fn every_gap_in_a_read_is_asked_for_in_one_round_trip() {
+    // Three responses lost: the three requests for them leave together, as soon as the
+    // response after the last gap shows it, not one round trip after another.
+    let (log, probes) = ops_losing(&[(true, 40)], &[5, 20, 30]);
+    let again: u32 = log.answers.values().map(|n| n - 1).sum();
+    assert_eq!(again, 3, "{:?}", log.answers);
+    let t = sent_at(&log, 5, 1);
+    assert_eq!((sent_at(&log, 20, 1), sent_at(&log, 30, 1)), (t, t));
+    assert_eq!(probes, 0);
+}
+
+#[test]
+fn a_later_reads_responses_past_a_gap_are_kept() {
+    // Two READs, a response of each lost: the second READ's responses after its gap are
+    // placed while the first waits for its repair, and only the two lost ones come again.
+    let (log, probes) = ops_losing(&[(true, 40), (true, 40)], &[5, 50]);
+    let again: u32 = log.answers.values().map(|n| n - 1).sum();
+    assert_eq!(again, 2, "{:?}", log.answers);
+    assert_eq!(sent_at(&log, 5, 1), sent_at(&log, 50, 1), "both asked for in one round");
+    assert_eq!(probes, 0);
+}
+
+#[test]
+fn a_lost_last_response_is_asked_for_when_a_later_answer_comes() {
+    // The last response of the second READ is lost: the WRITE's ACK after it says the
+    // responder sent everything before, so it is asked for again then, not on a probe.
+    // (PSN offsets: the READs 0..40 and 40..80, the WRITE 80.)
+    let (log, probes) = ops_losing(&[(true, 40), (true, 40), (false, 1)], &[5, 79]);
+    let again: u32 = log.answers.values().map(|n| n - 1).sum();
+    assert_eq!(again, 2, "{:?}", log.answers);
+    // The WRITE's ACK, which came while the READs waited, completes it once they have
+    // their answers: it is not sent again.
+    assert_eq!(log.sends[&(FIRST + 80)], 1, "{:?}", log.sends);
+    assert_eq!(probes, 0);
+}
+
 #[test]
 fn a_hole_under_repair_does_not_hold_the_window_shut() {
     // The first packet of a 400-packet WRITE is lost. The window (128 packets) is full

@@ -94,6 +94,7 @@ impl QueuePair {
             },
             Operation::AtomicAcknowledge => {
                 self.ack_before(psn);
+                self.reads_answered_before(psn);
                 // The front atomic's answer, or a later one's while an earlier WQE waits
                 // (kept: the atomic is not asked for again).
                 let Some(k) = self.sent_wqe(|w| w.op.is_atomic() && w.first_psn == psn) else {
@@ -120,6 +121,7 @@ impl QueuePair {
                 self.req.acked_psn = psn;
                 self.complete_front(WcStatus::Success);
                 self.progress(now);
+                self.ack_held_back(now);
             }
             _ => self.on_read_response(now, pkt, psn, syndrome, mem),
         }
@@ -199,7 +201,13 @@ impl QueuePair {
             return false;
         }
         let pmtu = self.mtu.bytes();
+        if p.distance(self.req.peer_acked) > 0 {
+            self.req.peer_acked = p;
+        }
+        self.stale_read_asks(now);
+        self.reads_answered_before(p + 1);
         let mut went_back = false;
+        let mut stop = false;
         while let Some(w) = self.sq.front() {
             if self.req.send_idx == 0 || w.npsn == 0 {
                 break;
@@ -214,11 +222,18 @@ impl QueuePair {
                     // The peer acknowledged past a READ or atomic we have no answer for.
                     let resume = w.first_psn + w.read_done / pmtu;
                     self.req.acked_psn = resume - 1;
-                    if self.req.go_back_guard != Some(resume) {
-                        self.req.go_back_guard = Some(resume);
-                        self.go_back_resend(resume);
+                    if self.read_repairable(w) {
+                        // Its missing responses are asked for again, range by range.
+                        self.sq[0].repair.get_or_insert_with(Default::default).tail_lost = true;
+                        self.req.read_repair = true;
+                        stop = true;
+                    } else {
+                        if self.req.go_back_guard != Some(resume) {
+                            self.req.go_back_guard = Some(resume);
+                            self.go_back_resend(resume);
+                        }
+                        went_back = true;
                     }
-                    went_back = true;
                 }
                 break;
             }
@@ -227,7 +242,7 @@ impl QueuePair {
             }
             self.complete_front(WcStatus::Success);
         }
-        if !went_back {
+        if !went_back && !stop {
             // Partial progress inside a multi-packet message counts too.
             if p.distance(self.req.acked_psn) > 0 {
                 self.req.acked_psn = p;
@@ -236,6 +251,19 @@ impl QueuePair {
         }
         self.progress(now);
         went_back
+    }
+
+    /// The front READ or atomic completed: ACKs that went past it while it waited for
+    /// its answer (and that `on_ack` could not apply then) count now, so that the SENDs
+    /// and WRITEs after it complete without being sent again.
+    fn ack_held_back(&mut self, now: Duration) {
+        let p = self.req.peer_acked;
+        if p.distance(self.req.acked_psn) <= 0 {
+            self.req.peer_acked = self.req.acked_psn;
+            return;
+        }
+        let last_sent = self.req.next_psn - 1;
+        self.on_ack(now, if p.distance(last_sent) > 0 { last_sent } else { p });
     }
 
     /// Something was acknowledged: reset the retry budgets and the timer.
@@ -283,6 +311,10 @@ impl QueuePair {
             self.stats.dropped += 1;
             return;
         }
+        if self.read_repairable(w) {
+            self.on_read_response_selective(now, pkt, k, psn, mem);
+            return;
+        }
         let expected = w.first_psn + w.read_done / pmtu;
         let d = psn.distance(expected);
         if d < 0 || (d > 0 && k > 0) {
@@ -290,12 +322,9 @@ impl QueuePair {
             self.stats.dropped += 1;
             return;
         }
-        // Between softrdma peers with selective recovery, responses past a gap are placed
-        // where they belong and remembered, and only the missing ones are asked for again
-        // (a READ request for that range, which a softrdma responder answers); towards
-        // anyone else, the IBTA's way: ask again for the rest of the message.
-        let selective = self.selective_peer();
-        if d > 0 && !(selective && (d as u32) < super::SACK_SPAN) {
+        // Towards anyone but a softrdma peer, the IBTA's way: after a gap, ask again for
+        // the rest of the message.
+        if d > 0 {
             if self.req.go_back_guard != Some(expected) {
                 self.req.go_back_guard = Some(expected);
                 self.go_back_resend(expected);
@@ -304,40 +333,19 @@ impl QueuePair {
         }
         let data = pkt.payload();
         let len = data.len() as u32;
-        let offset = psn.distance(w.first_psn) as u32 * pmtu;
-        let remaining = w.len - offset;
-        let fits = if selective {
-            // Any position: a range asked for again has its own FIRST and LAST.
-            len == remaining.min(pmtu) && len > 0 || len == 0 && remaining == 0 && d == 0
-        } else {
-            match pkt.opcode().payload() {
-                PayloadRule::Full => len == pmtu && len < remaining,
-                PayloadRule::NonEmpty | PayloadRule::UpToMtu => len <= pmtu && len == remaining,
-                _ => false,
-            }
+        let remaining = w.len - w.read_done;
+        let fits = match pkt.opcode().payload() {
+            PayloadRule::Full => len == pmtu && len < remaining,
+            PayloadRule::NonEmpty | PayloadRule::UpToMtu => len <= pmtu && len == remaining,
+            _ => false,
         };
         if !fits {
             self.fail_front(WcStatus::BadRespErr);
             return;
         }
-        if d > 0 {
-            self.req.sync_read_seen(expected);
-            if self.req.read_seen.get(d as u32) {
-                self.stats.dropped += 1;
-                return;
-            }
-        }
         let sgl = w.sgl.clone();
-        if scatter(mem, self.cfg.pd, &sgl, u64::from(offset), data).is_err() {
+        if scatter(mem, self.cfg.pd, &sgl, u64::from(w.read_done), data).is_err() {
             self.fail_front(WcStatus::LocProtErr);
-            return;
-        }
-        if d > 0 {
-            self.req.read_seen.set(d as u32);
-            if self.req.go_back_guard != Some(expected) {
-                self.req.go_back_guard = Some(expected);
-                self.go_back_resend(expected);
-            }
             return;
         }
         let w = &mut self.sq[k];
@@ -346,30 +354,80 @@ impl QueuePair {
             w.answered = w.read_done == w.len;
             return;
         }
-        // Responses that came ahead of this one follow it now.
-        let (first, total) = (w.first_psn, w.len);
-        let mut done = w.read_done;
-        if selective {
-            loop {
-                let next = first + done.div_ceil(pmtu);
-                self.req.sync_read_seen(next);
-                if done == total || !self.req.read_seen.get(0) {
-                    break;
-                }
-                done += (total - done).min(pmtu);
-            }
-            self.sq[k].read_done = done;
+        let (first, done, total) = (w.first_psn, w.read_done, w.len);
+        self.req.acked_psn = first + done.div_ceil(pmtu).max(1) - 1;
+        self.req.go_back_guard = None;
+        if done == total {
+            self.complete_front(WcStatus::Success);
+        }
+        self.progress(now);
+        self.ack_held_back(now);
+    }
+
+    /// A READ response between softrdma peers (see `ReadRepair`): placed wherever it
+    /// belongs, whatever came before it; a response past a missing one has the missing
+    /// ones asked for again at once, and the READs before this one have all their
+    /// responses sent, so what they miss was lost.
+    fn on_read_response_selective(
+        &mut self,
+        now: Duration,
+        pkt: &Packet<&[u8]>,
+        k: usize,
+        psn: Psn,
+        mem: &mut dyn Memory,
+    ) {
+        self.stale_read_asks(now);
+        self.reads_answered_before(psn);
+        let pmtu = self.mtu.bytes();
+        let w = &self.sq[k];
+        let i = psn.distance(w.first_psn) as u32;
+        let prefix = w.read_done / pmtu;
+        if i < prefix || w.read_done == w.len && w.len > 0 || w.repair.as_ref().is_some_and(|r| r.seen.get(i))
+        {
+            self.stats.dropped += 1;
+            return;
+        }
+        // Any position: a range asked for again has its own FIRST and LAST.
+        let data = pkt.payload();
+        let len = data.len() as u32;
+        let offset = i * pmtu;
+        let remaining = w.len - offset;
+        let fits = len == remaining.min(pmtu) && len > 0 || len == 0 && remaining == 0 && i == 0;
+        if !fits {
+            self.fail_front(WcStatus::BadRespErr);
+            return;
+        }
+        let sgl = w.sgl.clone();
+        if scatter(mem, self.cfg.pd, &sgl, u64::from(offset), data).is_err() {
+            self.fail_front(WcStatus::LocProtErr);
+            return;
+        }
+        let w = &mut self.sq[k];
+        let r = w.repair.get_or_insert_with(Default::default);
+        r.seen.set(i);
+        while w.read_done < w.len && r.seen.get(w.read_done / pmtu) {
+            w.read_done += (w.len - w.read_done).min(pmtu);
+        }
+        if i > prefix {
+            // A gap before this one.
+            self.req.read_repair = true;
+        }
+        let w = &mut self.sq[k];
+        let (first, done, total) = (w.first_psn, w.read_done, w.len);
+        if k > 0 {
+            w.answered = done == total;
+            return;
+        }
+        if done / pmtu == prefix && done < total {
+            // Nothing new in order.
+            return;
         }
         self.req.acked_psn = first + done.div_ceil(pmtu).max(1) - 1;
         self.req.go_back_guard = None;
         if done == total {
             self.complete_front(WcStatus::Success);
-        } else if selective && !self.req.read_seen.is_empty() {
-            // Another gap, with responses after it here already: ask for it now.
-            let expected = first + done / pmtu;
-            self.req.go_back_guard = Some(expected);
-            self.go_back_resend(expected);
         }
         self.progress(now);
+        self.ack_held_back(now);
     }
 }

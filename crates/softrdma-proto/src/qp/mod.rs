@@ -44,6 +44,7 @@ pub use wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest, WcOpcode, W
 use crate::memory::{Access, Memory, PdId, Segment, Segments};
 use crate::wire::{bundle, icrc, Packet, PacketRepr, ICRC_LEN};
 use crate::{Psn, Qkey, Qpn};
+use psnset::PsnBits;
 
 /// Largest message softrdma sends or accepts (as current rxe): 2^31 bytes.
 pub const MAX_MESSAGE: u64 = 1 << 31;
@@ -258,6 +259,24 @@ struct SendWqe {
     /// A READ whose every response arrived while a WQE before it was still incomplete:
     /// it completes when it reaches the front, and is never requested again.
     answered: bool,
+    /// A READ's responses taken out of order (selective recovery): see [`ReadRepair`].
+    repair: Option<Box<ReadRepair>>,
+}
+
+/// Selective repair of a READ's responses, between softrdma peers, for a READ of at most
+/// `SACK_SPAN` responses: responses that arrive after a lost one are placed where they
+/// belong and remembered, and every missing range is asked for again at once, each with a
+/// READ request for just that range (which a softrdma responder answers, IBTA 9.7.5.1.1's
+/// duplicate READ with a shorter length).
+#[derive(Default)]
+struct ReadRepair {
+    /// Bit i: response i (counted from the READ's first PSN) arrived.
+    seen: PsnBits,
+    /// Bit i: response i was asked for again, and the answer may still come.
+    asked: PsnBits,
+    /// Something the responder sent after this READ's last response arrived (an answer
+    /// to a later request): every response not seen by now was lost.
+    tail_lost: bool,
 }
 
 impl SendWqe {
@@ -694,6 +713,7 @@ impl QueuePair {
             read_done: 0,
             done: None,
             answered: false,
+            repair: None,
         };
         if self.state == QpState::Error {
             self.send_cq.push_back(self.flush_wc(wqe.wr_id, wqe.op.wc_opcode()));
@@ -964,7 +984,9 @@ impl QueuePair {
     /// `None` if a limit holds them back, or a lone ACK waits for company).
     pub fn wants_transmit(&self) -> bool {
         self.resp.has_tx()
-            || ((self.req.send_idx < self.sq.len() || self.req.pending_back.is_some())
+            || ((self.req.send_idx < self.sq.len()
+                || self.req.pending_back.is_some()
+                || self.req.read_repair)
                 && matches!(self.state, QpState::Rts | QpState::Sqd))
     }
 

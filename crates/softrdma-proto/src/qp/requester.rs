@@ -10,7 +10,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::psnset::{PsnBits, SACK_SPAN};
-use super::{sgl_segments, QpState, QpType, QueuePair, SendOp, Transmit, WcStatus, MAX_INFLIGHT_PSNS};
+use super::{
+    sgl_segments, QpState, QpType, QueuePair, SendOp, SendWqe, Transmit, WcStatus, MAX_INFLIGHT_PSNS,
+};
 use crate::memory::{Access, MemKey, Memory};
 use crate::wire::{
     AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, Operation, PacketRepr, RethRepr, Transport,
@@ -114,10 +116,15 @@ pub(super) struct Requester {
     /// When the last PSN was resent on a SACK's word: a SACK a round trip later that
     /// still shows it missing means the resend was lost too.
     rexmit_at: Option<Duration>,
-    /// READ responses of the front READ that arrived ahead of its first missing one
-    /// (selective recovery), from `read_seen_base` (that missing PSN) on.
-    pub(super) read_seen: PsnBits,
-    pub(super) read_seen_base: Psn,
+    /// Some READ may have responses to ask for again (see `ReadRepair`): the next
+    /// transmit looks.
+    pub(super) read_repair: bool,
+    /// When the last READ response was asked for again: a response that comes a round
+    /// trip later while the asked ones are still missing means the asking was lost too.
+    pub(super) read_asked_at: Option<Duration>,
+    /// The highest PSN the peer's ACKs have covered: beyond `acked_psn` while the front
+    /// READ or atomic waits for its answer (see `QueuePair::ack_held_back`).
+    pub(super) peer_acked: Psn,
     /// Where to go back to before sending next (see `QueuePair::go_back`).
     pub(super) pending_back: Option<Psn>,
 }
@@ -165,8 +172,9 @@ impl Requester {
             reread: None,
             rexmit_at: None,
             pending_back: None,
-            read_seen: PsnBits::default(),
-            read_seen_base: sq_psn,
+            read_repair: false,
+            read_asked_at: None,
+            peer_acked: sq_psn - 1,
         }
     }
 
@@ -240,13 +248,6 @@ impl Requester {
             self.cut_to(1 << 15);
             self.loss_cuts += 1;
         }
-    }
-
-    /// Moves the bitmap of READ responses seen ahead to start at `base` (the front READ's
-    /// first missing response).
-    pub(super) fn sync_read_seen(&mut self, base: Psn) {
-        self.read_seen.move_base(base.distance(self.read_seen_base));
-        self.read_seen_base = base;
     }
 
     /// Moves the SACK bitmaps' base to the first unacknowledged PSN.
@@ -551,6 +552,11 @@ impl QueuePair {
             return None;
         }
         let rc = self.cfg.qp_type == QpType::Rc;
+        if self.req.read_repair {
+            if let Some(t) = self.next_read_repair(now, buf, mem) {
+                return Some(t);
+            }
+        }
         if let Some(psn) = self.req.pending_back.take() {
             let psn = if psn.distance(self.req.acked_psn) > 0 { psn } else { self.req.acked_psn + 1 };
             self.rewind(psn);
@@ -630,14 +636,7 @@ impl QueuePair {
                 let psn = w.first_psn + off / pmtu;
                 let mut r =
                     PacketRepr::new(BthRepr::new(opcode(Operation::RdmaReadRequest)?, dest_qp, psn), 0);
-                // Asked again with later responses already here (selective recovery): only
-                // up to the first of them.
-                let mut dma_len = w.len - off;
-                if i == 0 && self.req.read_seen_base == psn {
-                    if let Some(k) = self.req.read_seen.ones().next() {
-                        dma_len = dma_len.min(k.saturating_mul(pmtu));
-                    }
-                }
+                let dma_len = w.len - off;
                 r.ext.reth = Some(RethRepr { va: remote_addr.wrapping_add(u64::from(off)), rkey, dma_len });
                 (r, psn, 0, true)
             }
@@ -735,6 +734,94 @@ impl QueuePair {
         Some(tx)
     }
 
+    /// Whether READ `w`'s responses may be repaired range by range: towards a softrdma
+    /// peer with selective recovery, for a READ whose responses a SACK's span can hold.
+    pub(super) fn read_repairable(&self, w: &SendWqe) -> bool {
+        matches!(w.op, SendOp::Read { .. }) && w.npsn <= SACK_SPAN && self.selective_peer()
+    }
+
+    /// A READ request for the first range of missing READ responses not yet asked for
+    /// again, of the first READ that has one (see `ReadRepair`): the responses past the
+    /// last one seen count only once the READ's tail is known lost. Clears
+    /// `read_repair` when there is none.
+    fn next_read_repair(&mut self, now: Duration, buf: &mut [u8], mem: &dyn Memory) -> Option<Transmit> {
+        let pmtu = self.mtu.bytes();
+        let sent = self.req.send_idx.min(self.sq.len());
+        let found = self.sq.iter_mut().take(sent).find_map(|w| {
+            let SendOp::Read { remote_addr, rkey } = w.op else { return None };
+            let r = w.repair.as_deref_mut().filter(|_| !w.answered && w.npsn > 0)?;
+            let end = if r.tail_lost { w.npsn } else { r.seen.ones().last()? };
+            let mut k = w.read_done / pmtu;
+            while k < end && (r.seen.get(k) || r.asked.get(k)) {
+                k += 1;
+            }
+            let start = k;
+            while k < end && !r.seen.get(k) && !r.asked.get(k) {
+                r.asked.set(k);
+                k += 1;
+            }
+            (k > start).then(|| {
+                let off = start * pmtu;
+                let len = (w.len - off).min((k - start) * pmtu);
+                (
+                    w.first_psn + start,
+                    RethRepr { va: remote_addr.wrapping_add(u64::from(off)), rkey, dma_len: len },
+                )
+            })
+        });
+        let Some((psn, reth)) = found else {
+            self.req.read_repair = false;
+            return None;
+        };
+        let opcode = Opcode::from_parts(Transport::Rc, Operation::RdmaReadRequest)?;
+        let mut repr = PacketRepr::new(BthRepr::new(opcode, self.dest_qpn, psn), 0);
+        repr.ext.reth = Some(reth);
+        let head_len = Self::emit_head(&repr, buf, &[])?;
+        let t =
+            self.finish_packet(self.remote?, buf, head_len, crate::memory::Segments::Empty, 0, mem).ok()?;
+        self.stats.packets_sent += 1;
+        self.stats.retransmits += 1;
+        self.req.read_asked_at = Some(now);
+        Some(Transmit { tos: if t.tos & 3 == 0 { t.tos | 0b10 } else { t.tos }, ..t })
+    }
+
+    /// A response came: READ responses asked for again a round trip ago (and a quarter)
+    /// that are still missing were lost again, so they may be asked for once more.
+    pub(super) fn stale_read_asks(&mut self, now: Duration) {
+        let Some(at) = self.req.read_asked_at else { return };
+        let rtt = self.req.srtt.unwrap_or(Duration::from_micros(50));
+        if now <= at + rtt + rtt / 4 {
+            return;
+        }
+        self.req.read_asked_at = None;
+        for w in self.sq.iter_mut() {
+            if let Some(r) = w.repair.as_deref_mut() {
+                r.asked = PsnBits::default();
+            }
+        }
+        self.req.read_repair = true;
+    }
+
+    /// A response for `psn` came: the responder sent every response of the READs before
+    /// it, so what is missing of them was lost (selective recovery).
+    pub(super) fn reads_answered_before(&mut self, psn: Psn) {
+        if self.req.rd_outstanding == 0 || !self.selective_peer() {
+            return;
+        }
+        let sent = self.req.send_idx.min(self.sq.len());
+        for i in 0..sent {
+            let w = &self.sq[i];
+            if w.npsn == 0 || w.last_psn().distance(psn) >= 0 {
+                break;
+            }
+            if w.answered || !self.read_repairable(w) {
+                continue;
+            }
+            self.sq[i].repair.get_or_insert_with(Default::default).tail_lost = true;
+            self.req.read_repair = true;
+        }
+    }
+
     /// The PSN, payload length and last-ness of WQE `i`'s packet at the send offset.
     fn packet_at(&self, i: usize) -> (Psn, u32, bool) {
         let w = &self.sq[i];
@@ -762,11 +849,21 @@ impl QueuePair {
             if psn.distance(self.req.max_sent) > 0 || psn != self.req.next_psn {
                 return;
             }
-            if !(w.answered || self.req.sack_peer && self.req.skips(psn)) {
+            // A READ with responses here already is repaired range by range (see
+            // `next_read_repair`): going back to it asks for everything still missing.
+            let repaired = w.repair.is_some() || w.read_done > 0 && self.read_repairable(w);
+            let answered = w.answered;
+            if !(answered || repaired || self.req.sack_peer && self.req.skips(psn)) {
                 return;
             }
+            if repaired && !answered {
+                let r = self.sq[self.req.send_idx].repair.get_or_insert_with(Default::default);
+                r.tail_lost = true;
+                r.asked = PsnBits::default();
+                self.req.read_repair = true;
+            }
             if !self.req.started {
-                if w.op.is_read_or_atomic() {
+                if self.sq[self.req.send_idx].op.is_read_or_atomic() {
                     self.req.rd_outstanding += 1;
                 }
                 self.req.started = true;
