@@ -244,6 +244,83 @@ fn a_lost_last_response_is_asked_for_when_a_later_answer_comes() {
 }
 
 #[test]
+fn lost_resends_go_again_a_round_trip_later() {
+    // Six packets of a 40-packet WRITE are lost, and their resends too. Nothing else is
+    // left to send, so no later SACK would tell; the resends' own timer (a round trip and
+    // a quarter) sends them a third time. A probe would wait longer: a probe of more than
+    // four packets waits at least 50 µs.
+    let mut p = Pair::with(1, Impairments::default(), params(true));
+    let len = 40 * PMTU;
+    let op = SendOp::Write { remote_addr: B_BASE + OFF as u64, rkey: p.b.1 };
+    // First a few one-packet WRITEs, one at a time, for the round trip's measurement.
+    for k in 0..8 {
+        p.post_send(SendWr {
+            wr_id: 100 + k,
+            op,
+            sg_list: sge(p.a.0, A_BASE, 8),
+            flags: signaled(),
+            ud: None,
+        });
+        run(&mut p, |_, _| false, |_, _| false);
+        let qp = p.sim.nodes[0].endpoint.qp_mut(p.qa).unwrap();
+        assert!(qp.poll_send_completion().expect("completion").status.is_success());
+    }
+    p.post_send(SendWr { wr_id: 1, op, sg_list: sge(p.a.0, A_BASE, len), flags: signaled(), ud: None });
+    let holes = [5u32, 10, 15, 20, 25, 30].map(|k| (FIRST + 8 + k) & 0xFF_FFFF);
+    let log = run(&mut p, |psn, n| holes.contains(&psn) && n <= 2, |_, _| false);
+    let qp = p.sim.nodes[0].endpoint.qp_mut(p.qa).unwrap();
+    assert!(qp.poll_send_completion().expect("completion").status.is_success());
+    let stats = qp.stats();
+    for psn in holes {
+        assert_eq!(log.sends[&psn], 3, "PSN {psn:#x}");
+    }
+    assert_eq!(log.resent(), 12, "only the holes: {:?}", log.sends);
+    assert_eq!(stats.probes, 0);
+    let wait = sent_at(&log, 8 + 5, 3) - sent_at(&log, 8 + 5, 2);
+    let rtt = std::time::Duration::from_nanos(stats.srtt_ns);
+    assert!(wait <= rtt * 3 / 2, "the third copy {wait:?} after the second; round trip {rtt:?}");
+    assert_eq!(p.b_bytes()[OFF..OFF + len], p.a_bytes()[OFF..OFF + len]);
+}
+
+#[test]
+fn an_ack_past_a_waiting_atomic_measures_its_own_round_trip() {
+    // A FetchAdd's answer is lost; the WRITEs after it are acknowledged while it waits
+    // for its answer (a probe asks again). The round trip measured on them is the
+    // network's (20 µs here), not the time until the FetchAdd had its answer.
+    let mut p = Pair::with(1, Impairments::default(), params(true));
+    let counter = B_BASE + MIB as u64;
+    let add = SendOp::FetchAdd { remote_addr: counter, rkey: p.b.1, add: 1 };
+    p.post_send(SendWr {
+        wr_id: 0,
+        op: add,
+        sg_list: sge(p.a.0, A_BASE + MIB as u64, 8),
+        flags: signaled(),
+        ud: None,
+    });
+    for k in 1..=4 {
+        let op = SendOp::Write { remote_addr: B_BASE + OFF as u64, rkey: p.b.1 };
+        p.post_send(SendWr {
+            wr_id: k,
+            op,
+            sg_list: sge(p.a.0, A_BASE, 4 * PMTU),
+            flags: signaled(),
+            ud: None,
+        });
+    }
+    let first = FIRST & 0xFF_FFFF;
+    let log = run(&mut p, |_, _| false, |psn, n| psn == first && n == 1);
+    let qp = p.sim.nodes[0].endpoint.qp_mut(p.qa).unwrap();
+    for k in 0..=4 {
+        let wc = qp.poll_send_completion().expect("completion");
+        assert!(wc.status.is_success() && wc.wr_id == k, "{wc:?}");
+    }
+    assert_eq!(log.sends[&first], 2, "the FetchAdd asked again");
+    assert_eq!(log.resent(), 1, "the WRITEs not sent again: {:?}", log.sends);
+    let srtt = std::time::Duration::from_nanos(qp.stats().srtt_ns);
+    assert!(srtt < std::time::Duration::from_micros(25), "srtt {srtt:?}");
+}
+
+#[test]
 fn a_hole_under_repair_does_not_hold_the_window_shut() {
     // The first packet of a 400-packet WRITE is lost. The window (128 packets) is full
     // when the SACKs come; they say the peer holds the other 127, so fresh packets go

@@ -15,6 +15,8 @@ impl QueuePair {
             self.stats.dropped += 1;
             return;
         }
+        // The peer answers: a resend that is still missing a round trip from now was lost.
+        self.req.resend_armed = true;
         let psn = pkt.bth().psn();
         let syndrome = pkt.aeth().map(|a| AethSyndrome::from_byte(a.syndrome_raw()));
         let op = pkt.opcode().operation();
@@ -242,7 +244,20 @@ impl QueuePair {
             }
             self.complete_front(WcStatus::Success);
         }
-        if !went_back && !stop {
+        if went_back || stop {
+            // A peer with selective recovery holds what it acknowledged past the READ or
+            // atomic: a go-back to it skips them (a SACK need not have come first).
+            if self.selective_peer() {
+                self.req.sack_peer = true;
+            }
+            self.req.held_through(p);
+            // The timed PSN's round trip ends now, not when the READ or atomic has its
+            // answer and this ACK is applied (see `ack_held_back`).
+            if let Some((_, sent)) = self.req.timed.filter(|&(psn, _)| psn.distance(p) <= 0) {
+                self.req.timed = None;
+                self.req.rtt_sample(now, now.saturating_sub(sent));
+            }
+        } else {
             // Partial progress inside a multi-packet message counts too.
             if p.distance(self.req.acked_psn) > 0 {
                 self.req.acked_psn = p;

@@ -208,6 +208,9 @@ pub struct QpStats {
     pub cnps_received: u64,
     /// The congestion window now, in PSNs (RC).
     pub cwnd: u64,
+    /// The smoothed round trip the requester measured, in nanoseconds (RC; 0 before the
+    /// first measurement).
+    pub srtt_ns: u64,
     /// Window cuts for a round trip past the delay target (see the requester's delay
     /// reaction).
     pub delay_cuts: u64,
@@ -422,6 +425,7 @@ impl QueuePair {
     pub fn stats(&self) -> QpStats {
         QpStats {
             cwnd: u64::from(self.req.cwnd),
+            srtt_ns: self.req.srtt.map_or(0, |d| d.as_nanos() as u64),
             delay_cuts: self.req.delay_cuts,
             loss_cuts: self.req.loss_cuts,
             ..self.stats
@@ -735,10 +739,16 @@ impl QueuePair {
 
     /// The earliest time at which [`Self::handle_timeout`] has work to do.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        [self.req.ack_deadline, self.req.rnr_until, self.req.probe_at, self.resp.ack_deadline()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.req.ack_deadline,
+            self.req.rnr_until,
+            self.req.probe_at,
+            self.resp.ack_deadline(),
+            self.resend_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Runs the timers that are due at `now`.

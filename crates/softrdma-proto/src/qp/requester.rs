@@ -122,6 +122,10 @@ pub(super) struct Requester {
     /// When the last READ response was asked for again: a response that comes a round
     /// trip later while the asked ones are still missing means the asking was lost too.
     pub(super) read_asked_at: Option<Duration>,
+    /// A response came since the resend timer last acted (see `resend_timeout`): it acts
+    /// at most once between answers of the peer, so that a peer gone silent gets probes,
+    /// which back off, and not a resend every round trip.
+    pub(super) resend_armed: bool,
     /// The highest PSN the peer's ACKs have covered: beyond `acked_psn` while the front
     /// READ or atomic waits for its answer (see `QueuePair::ack_held_back`).
     pub(super) peer_acked: Psn,
@@ -174,13 +178,14 @@ impl Requester {
             pending_back: None,
             read_repair: false,
             read_asked_at: None,
+            resend_armed: false,
             peer_acked: sq_psn - 1,
         }
     }
 
     /// Feeds one round-trip measurement to the estimator (RFC 6298) and to the delay
     /// reaction (see `on_rtt`).
-    fn rtt_sample(&mut self, now: Duration, r: Duration) {
+    pub(super) fn rtt_sample(&mut self, now: Duration, r: Duration) {
         self.on_rtt(now, r);
         match self.srtt {
             None => {
@@ -298,10 +303,38 @@ impl Requester {
         n - held.min(n)
     }
 
-    /// PSNs sent and not acknowledged that no SACK says the peer holds.
-    pub(super) fn unheld(&self) -> u32 {
-        let sent = self.max_sent.distance(self.acked_psn).max(0) as u32;
-        self.not_held(sent)
+    /// Of the PSNs `first..first + n`, how many are sent, not acknowledged, and not held
+    /// by the peer as far as its SACKs tell.
+    fn unheld_in(&self, first: Psn, n: u32) -> u32 {
+        let lo = first.distance(self.acked_psn + 1).max(0);
+        let hi = (first + n).distance(self.acked_psn + 1).min(self.max_sent.distance(self.acked_psn));
+        if hi <= lo {
+            return 0;
+        }
+        let (lo, hi) = (lo as u32, hi as u32);
+        if !self.sack_peer {
+            return hi - lo;
+        }
+        // From the bitmaps' base, which may lag the acknowledgements (see `sync_sack`).
+        let shift = (self.acked_psn + 1).distance(self.sack_base);
+        if shift < 0 {
+            return hi - lo;
+        }
+        let (a, b) = (lo + shift as u32, hi + shift as u32);
+        let held = self.sacked.count_below(b) - self.sacked.count_below(a);
+        (b - a) - held.min(b - a)
+    }
+
+    /// The peer acknowledged every PSN up to `p`, past the front READ or atomic, which
+    /// waits for its answer: with selective recovery they count as held, so that the
+    /// window and the probe see what is really missing.
+    pub(super) fn held_through(&mut self, p: Psn) {
+        if !self.sack_peer {
+            return;
+        }
+        self.sync_sack();
+        let n = (p + 1).distance(self.sack_base).clamp(0, SACK_SPAN as i32) as u32;
+        self.sacked.set_range(0, n);
     }
 
     /// Whether resending `psn` can be skipped: the peer holds it (or, for a READ, held
@@ -470,7 +503,7 @@ impl QueuePair {
         // The floor keeps a busy machine's scheduling delays from passing for losses; it
         // is lower when the probe would resend a few packets only (every other one held
         // by a SACK peer): a spurious one costs little, a late one a stalled window.
-        let floor = if self.req.sack_peer && self.req.unheld() <= 4 { 10 } else { 50 };
+        let floor = if self.req.sack_peer && self.probe_size() <= 4 { 10 } else { 50 };
         // Without SACKs a probe goes back N, resending the whole window: wait at least two
         // round trips (as TCP's tail-loss probe), for a stream's round trip is mostly the
         // queue it keeps, steady enough that `4 * rttvar` is a few microseconds, and a
@@ -488,6 +521,31 @@ impl QueuePair {
             && self.resp.last_request.is_some_and(|t| now.saturating_sub(t) < super::responder::TALKS_BACK);
         let base = if delayed_acks { base + super::responder::ACK_DELAY } else { base };
         Some(base.saturating_mul(1u32 << self.req.probes.min(16)).min(cap))
+    }
+
+    /// How many packets a probe would send, as far as that is more than four: the PSNs
+    /// sent that the peer neither acknowledged nor holds, a READ or atomic counted as its
+    /// one request.
+    fn probe_size(&self) -> u32 {
+        let mut n = 0;
+        for w in self.sq.iter().take(self.req.send_idx.min(64)) {
+            if w.npsn == 0 {
+                break;
+            }
+            let unheld = self.req.unheld_in(w.first_psn, w.npsn);
+            n += if w.op.is_read_or_atomic() { unheld.min(1) } else { unheld };
+            if n > 4 {
+                return n;
+            }
+        }
+        if self.req.send_idx > 64 {
+            n + self.req.unheld_in(
+                self.sq[64].first_psn,
+                self.req.max_sent.distance(self.sq[64].first_psn).max(0) as u32 + 1,
+            )
+        } else {
+            n
+        }
     }
 
     /// A CNP: the path is congested. As DCQCN's reaction point does, raise alpha (the
@@ -789,8 +847,7 @@ impl QueuePair {
     /// that are still missing were lost again, so they may be asked for once more.
     pub(super) fn stale_read_asks(&mut self, now: Duration) {
         let Some(at) = self.req.read_asked_at else { return };
-        let rtt = self.req.srtt.unwrap_or(Duration::from_micros(50));
-        if now <= at + rtt + rtt / 4 {
+        if now < at + self.resend_wait() {
             return;
         }
         self.req.read_asked_at = None;
@@ -995,7 +1052,58 @@ impl QueuePair {
         self.go_back(psn);
     }
 
+    /// How long a resend (or a READ range asked for again) gets to show up in the peer's
+    /// answers before it counts as lost too: a round trip and a quarter, or the round
+    /// trip's usual spread if that is wider. (A filled gap is acknowledged at once.)
+    pub(super) fn resend_wait(&self) -> Duration {
+        let rtt = self.req.srtt.unwrap_or(Duration::from_micros(50));
+        rtt + (rtt / 4).max(4 * self.req.rttvar)
+    }
+
+    /// When the resends and READ ranges asked for again should have been answered (see
+    /// `resend_wait`), if any wait.
+    pub(super) fn resend_deadline(&self) -> Option<Duration> {
+        if !self.req.resend_armed {
+            return None;
+        }
+        let last = match (self.req.rexmit_at, self.req.read_asked_at) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        Some(last + self.resend_wait())
+    }
+
+    /// Resends and READ ranges asked for again that are not answered a round trip later
+    /// were lost as well: they may go again (at once, before a probe would find them when
+    /// nothing else is left to send).
+    fn resend_timeout(&mut self, now: Duration) {
+        self.req.resend_armed = false;
+        let wait = self.resend_wait();
+        let mut again = false;
+        if self.req.rexmit_at.is_some_and(|t| now >= t + wait) {
+            self.req.rexmitted = PsnBits::default();
+            self.req.rexmit_at = None;
+            if let Some(lost) = self.req.first_lost() {
+                if self.send_position().distance(lost) > 0 {
+                    self.go_back(lost);
+                }
+                again = true;
+            }
+        }
+        if self.req.read_asked_at.is_some_and(|t| now >= t + wait) {
+            self.stale_read_asks(now);
+            again |= self.req.read_repair;
+        }
+        if again {
+            // What goes again now is what a probe would have sent: the probe waits anew.
+            self.req.probe_at = self.pto(now).map(|t| now + t);
+        }
+    }
+
     pub(super) fn requester_timeout(&mut self, now: Duration) {
+        if self.resend_deadline().is_some_and(|t| now >= t) {
+            self.resend_timeout(now);
+        }
         if self.req.rnr_until.is_some_and(|t| now >= t) {
             self.req.rnr_until = None;
             self.rearm_ack_timer(now);
