@@ -5,11 +5,13 @@
 # loss-free and at each loss rate, in one run, with selective recovery (the default between
 # softrdma peers) and with go-back-N only (SOFTRDMA_SELECTIVE=0). This kernel has no netem;
 # the relay stands in for it (it runs on one core, so it caps the loss-free figure too).
-# Usage: bench/lossy-delay.sh [SECONDS]   (LEVELS="0 1 5" in percent, DELAY_US=1000)
+# Usage: bench/lossy-delay.sh [SECONDS]   (LEVELS="0 1 5" in percent, DELAY_US=1000,
+#        OP=write_bw or read_bw or send_bw)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t=${1:-4}
 delay=${DELAY_US:-1000}
+op=${OP:-write_bw}
 cargo build --release -q -p softrdma-cli
 S=${SOFTRDMA_BIN:-$PWD/target/release/softrdma}
 # Addresses of the relay's two sides and of the two endpoints (loopback, port 4791).
@@ -24,11 +26,11 @@ wbw() { # $1: loss %, $2: SOFTRDMA_SELECTIVE
   local relay=$!
   pids+=("$relay")
   sleep 0.3
-  SOFTRDMA_SELECTIVE="$2" timeout $((t + 30)) "$S" perf write_bw -s 65536 -D "$t" -d $PA --via $RA \
+  SOFTRDMA_SELECTIVE="$2" timeout $((t + 30)) "$S" perf "$op" -s 65536 -D "$t" -d $PA --via $RA \
     -p 19556 >/dev/null 2>&1 &
   local server=$!
   sleep 0.7
-  SOFTRDMA_SELECTIVE="$2" timeout $((t + 30)) "$S" perf write_bw -s 65536 -D "$t" -d $PB --via $RB \
+  SOFTRDMA_SELECTIVE="$2" timeout $((t + 30)) "$S" perf "$op" -s 65536 -D "$t" -d $PB --via $RB \
     -p 19556 --json $PA 2>/dev/null |
     tail -1 | python3 -c 'import json,sys; print("%.0f" % json.loads(sys.stdin.read())["bw_average"])'
   wait "$server" || true
@@ -36,7 +38,7 @@ wbw() { # $1: loss %, $2: SOFTRDMA_SELECTIVE
   wait "$relay" 2>/dev/null || true
 }
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
-echo "one-way delay ${delay} us each way, write_bw 64 KiB, ${t} s per figure"
+echo "one-way delay ${delay} us each way, $op 64 KiB, ${t} s per figure"
 printf '%-8s %16s %9s %16s %9s\n' "loss" "selective MiB/s" "of clean" "go-back-N MiB/s" "of clean"
 base=""; gbase=""
 for pc in ${LEVELS:-0 1 5}; do
