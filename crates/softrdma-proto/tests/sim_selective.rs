@@ -244,6 +244,19 @@ fn a_lost_last_response_is_asked_for_when_a_later_answer_comes() {
 }
 
 #[test]
+fn a_lone_reads_lost_tail_is_asked_for_on_a_probe() {
+    // The last 20 responses of the only READ are lost: nothing later will tell, so the
+    // probe finds it; going back to the READ asks for the missing range at once (it once
+    // marked the range wanted and sent nothing, until the next probe did the same).
+    let lost: Vec<u32> = (20..40).collect();
+    let (log, probes) = ops_losing(&[(true, 40)], &lost);
+    let again: u32 = log.answers.values().map(|n| n - 1).sum();
+    assert_eq!(again, 20, "{:?}", log.answers);
+    assert_eq!(probes, 1);
+    assert_eq!(log.sends[&((FIRST + 20) & 0xFF_FFFF)], 1, "one request for the range");
+}
+
+#[test]
 fn lost_resends_go_again_a_round_trip_later() {
     // Six packets of a 40-packet WRITE are lost, and their resends too. Nothing else is
     // left to send, so no later SACK would tell; the resends' own timer (a round trip and

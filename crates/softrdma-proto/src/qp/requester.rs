@@ -610,17 +610,19 @@ impl QueuePair {
             return None;
         }
         let rc = self.cfg.qp_type == QpType::Rc;
-        if self.req.read_repair {
-            if let Some(t) = self.next_read_repair(now, buf, mem) {
-                return Some(t);
-            }
-        }
         if let Some(psn) = self.req.pending_back.take() {
             let psn = if psn.distance(self.req.acked_psn) > 0 { psn } else { self.req.acked_psn + 1 };
             self.rewind(psn);
         }
         if rc {
             self.skip_unneeded();
+        }
+        // READ ranges asked for again go first (a go-back passing a READ just asked for
+        // what it misses).
+        if self.req.read_repair {
+            if let Some(t) = self.next_read_repair(now, buf, mem) {
+                return Some(t);
+            }
         }
         let i = self.req.send_idx;
         let w = self.sq.get(i)?;
@@ -804,8 +806,9 @@ impl QueuePair {
     /// `read_repair` when there is none.
     fn next_read_repair(&mut self, now: Duration, buf: &mut [u8], mem: &dyn Memory) -> Option<Transmit> {
         let pmtu = self.mtu.bytes();
-        let sent = self.req.send_idx.min(self.sq.len());
-        let found = self.sq.iter_mut().take(sent).find_map(|w| {
+        // Every WQE sent at least once: a go-back may have moved the send position back
+        // before a READ whose responses are coming.
+        let found = self.sq.iter_mut().take_while(|w| w.npsn > 0).find_map(|w| {
             let SendOp::Read { remote_addr, rkey } = w.op else { return None };
             let r = w.repair.as_deref_mut().filter(|_| !w.answered && w.npsn > 0)?;
             let end = if r.tail_lost { w.npsn } else { r.seen.ones().last()? };
@@ -1161,6 +1164,7 @@ impl QueuePair {
                     "probe: nothing acknowledged for a probe timeout"
                 );
                 self.stats.probes += 1;
+
                 self.req.go_back_guard = None;
                 self.req.ack_every = true;
                 self.req.restart_recovery(false);
