@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use common::*;
 use softrdma_proto::endpoint::Arrival;
 use softrdma_proto::qp::{SendOp, SendWr};
-use softrdma_proto::sim::{ConnectParams, Impairments, Rng};
+use softrdma_proto::sim::{Bottleneck, ConnectParams, Impairments, Rng};
 use softrdma_proto::wire::Packet;
 
 /// What node 0 (the requester) sent: each PSN and how many times.
@@ -177,7 +177,12 @@ fn lost_read_responses_are_asked_for_alone() {
 /// offsets `lost` dropped. Checks that all completed in order and moved every byte;
 /// returns the log and the requester's probe count.
 fn ops_losing(ops: &[(bool, usize)], lost: &[u32]) -> (Log, u64) {
-    let mut p = Pair::with(1, Impairments::default(), params(true));
+    ops_losing_with(true, Impairments::default(), ops, lost)
+}
+
+/// [`ops_losing`], with selective recovery on or off, over the network `imp`.
+fn ops_losing_with(selective: bool, imp: Impairments, ops: &[(bool, usize)], lost: &[u32]) -> (Log, u64) {
+    let mut p = Pair::with(1, imp, params(selective));
     let mut at = 0;
     for (k, &(read, n)) in ops.iter().enumerate() {
         let len = n * PMTU;
@@ -240,6 +245,74 @@ fn a_lost_last_response_is_asked_for_when_a_later_answer_comes() {
     // The WRITE's ACK, which came while the READs waited, completes it once they have
     // their answers: it is not sent again.
     assert_eq!(log.sends[&(FIRST + 80)], 1, "{:?}", log.sends);
+    assert_eq!(probes, 0);
+}
+
+#[test]
+fn go_back_n_asks_once_for_a_reads_rest_when_a_later_ack_came_first() {
+    // Towards a peer without selective recovery (rxe): a response of a READ is lost and
+    // the WRITE after it is acknowledged before the READ is asked again. The READ is asked
+    // for its rest once (not once more for each response of the rest that comes back),
+    // and the WRITE's ACK completes the WRITE once the READ has its answer.
+    // A 1 Gbit/s link, so that the responses come one at a time, with transmits between.
+    let link = Bottleneck { rate_bps: 1_000_000_000, buffer: 1 << 20, ecn_threshold: None };
+    let imp = Impairments { bottleneck: Some(link), ..Impairments::default() };
+    let (log, _) = ops_losing_with(false, imp, &[(true, 40), (false, 1)], &[5]);
+    let asked: Vec<u32> = (1..40).filter(|k| log.sends.contains_key(&((FIRST + k) & 0xFF_FFFF))).collect();
+    assert_eq!(asked, [5], "READ requests for the rest from: {asked:?}");
+    assert_eq!(log.sends[&((FIRST + 5) & 0xFF_FFFF)], 1);
+}
+
+#[test]
+fn a_read_held_behind_a_gap_is_not_asked_for_again_when_the_gap_fills() {
+    // The WRITE before a READ is lost, so the responder holds the READ; the WRITE's
+    // resend fills the gap and the READ runs. The acknowledgement the responder then owes
+    // goes after the READ's responses, not before them (it would say the READ was
+    // answered while its responses were still queued, and the requester would ask for
+    // all of them again).
+    // A 1 Gbit/s link: the responses take a while to leave, one at a time.
+    let link = Bottleneck { rate_bps: 1_000_000_000, buffer: 1 << 20, ecn_threshold: None };
+    let imp = Impairments { bottleneck: Some(link), ..Impairments::default() };
+    let mut p = Pair::with(1, imp, params(true));
+    let write = SendOp::Write { remote_addr: B_BASE + OFF as u64, rkey: p.b.1 };
+    p.post_send(SendWr { wr_id: 0, op: write, sg_list: sge(p.a.0, A_BASE, 8), flags: signaled(), ud: None });
+    let read = SendOp::Read { remote_addr: B_BASE + (OFF + PMTU) as u64, rkey: p.b.1 };
+    let sg_list = sge(p.a.0, A_BASE + PMTU as u64, 40 * PMTU);
+    p.post_send(SendWr { wr_id: 1, op: read, sg_list, flags: signaled(), ud: None });
+    let first = FIRST & 0xFF_FFFF;
+    let log = run(&mut p, |psn, n| psn == first && n == 1, |_, _| false);
+    let qp = p.sim.nodes[0].endpoint.qp_mut(p.qa).unwrap();
+    for k in 0..2 {
+        let wc = qp.poll_send_completion().expect("completion");
+        assert!(wc.status.is_success() && wc.wr_id == k, "{wc:?}");
+    }
+    // (PSN +40, the last response's, is the ACKs' too.)
+    let again: u32 = (1..40).map(|k| log.answers.get(&((FIRST + k) & 0xFF_FFFF)).map_or(0, |n| n - 1)).sum();
+    assert_eq!(again, 0, "READ responses sent again: {:?}", log.answers);
+    assert_eq!(log.resent(), 1, "only the WRITE: {:?}", log.sends);
+}
+
+#[test]
+fn a_read_longer_than_the_window_is_repaired_by_ranges_too() {
+    // 600 responses, more than the 512 a window remembers from the first gap on (here
+    // responses 5 to 516): the ones lost inside it are asked for alone; the ones past it
+    // are not kept, and are asked for again as one range (517 to 599) once the window
+    // reaches them, the second loss (at 550) among them.
+    let asks = |log: &Log| -> Vec<u32> {
+        let mut v: Vec<u32> =
+            (1..600).filter(|k| log.sends.contains_key(&((FIRST + k) & 0xFF_FFFF))).collect();
+        v.sort();
+        v
+    };
+    let (log, probes) = ops_losing(&[(true, 600)], &[5, 300]);
+    assert_eq!(asks(&log), [5, 300, 517]);
+    let again: u32 = log.answers.values().map(|n| n - 1).sum();
+    assert_eq!(again, 2 + (600 - 517));
+    assert_eq!(probes, 0);
+    let (log, probes) = ops_losing(&[(true, 600)], &[5, 550]);
+    assert_eq!(asks(&log), [5, 517]);
+    let again: u32 = log.answers.values().map(|n| n - 1).sum();
+    assert_eq!(again, 1 + (600 - 517));
     assert_eq!(probes, 0);
 }
 

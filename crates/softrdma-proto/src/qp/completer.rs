@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::psnset::PsnBits;
-use super::{scatter, QueuePair, SendOp, WcStatus};
+use super::{scatter, QueuePair, SendOp, WcStatus, SACK_SPAN};
 use crate::memory::Memory;
 use crate::wire::{rnr_timer_us, AethSyndrome, NakCode, Operation, Packet, PayloadRule};
 use crate::Psn;
@@ -52,6 +52,12 @@ impl QueuePair {
                     tracing::debug!(psn = psn.get(), "sequence NAK received: going back");
                     self.stats.seq_naks_received += 1;
                     self.req.on_lost(now);
+                    // The peer threw away what came after `psn`: whatever it does not hold
+                    // goes again (a peer that takes ACKs past a READ for SACKs may be one
+                    // that goes back N).
+                    if self.req.sack_peer {
+                        self.req.restart_recovery(false);
+                    }
                     if !self.on_ack(now, psn - 1) && self.req.go_back_guard != Some(psn) {
                         self.req.go_back_guard = Some(psn);
                         self.go_back(psn);
@@ -68,7 +74,16 @@ impl QueuePair {
                         return;
                     }
                     if self.req.rnr_left == 0 {
-                        self.fail_front(WcStatus::RnrRetryExcErr);
+                        // Not while a READ or atomic before the refused request waits for
+                        // its answer: the failure is the refused request's, when it is at
+                        // the front.
+                        let waiting = self.req.send_idx > 0
+                            && self.sq.front().is_some_and(|w| {
+                                w.op.is_read_or_atomic() && !w.answered && w.last_psn().distance(psn) < 0
+                            });
+                        if !waiting {
+                            self.fail_front(WcStatus::RnrRetryExcErr);
+                        }
                         return;
                     }
                     if self.rnr_retry != 7 {
@@ -376,7 +391,9 @@ impl QueuePair {
             self.complete_front(WcStatus::Success);
         }
         self.progress(now);
-        self.ack_held_back(now);
+        if done == total {
+            self.ack_held_back(now);
+        }
     }
 
     /// A READ response between softrdma peers (see `ReadRepair`): placed wherever it
@@ -396,10 +413,32 @@ impl QueuePair {
         let pmtu = self.mtu.bytes();
         let w = &self.sq[k];
         let i = psn.distance(w.first_psn) as u32;
+        let asked = w.repair.as_ref().is_some_and(|r| r.was_asked(i));
+        if let Some((_, sent)) = self.req.timed.filter(|&(t, _)| t == w.first_psn) {
+            // The READ's round trip: to its first response, unless that was lost (or
+            // asked for again) and another came first.
+            self.req.timed = None;
+            if i == 0 && !asked {
+                self.req.rtt_sample(now, now.saturating_sub(sent));
+            }
+        }
+        if asked {
+            // An answer to asking again: the path answers.
+            self.req.read_ask_rounds = 0;
+        }
         let prefix = w.read_done / pmtu;
-        if i < prefix || w.read_done == w.len && w.len > 0 || w.repair.as_ref().is_some_and(|r| r.seen.get(i))
-        {
+        // A duplicate: every response placed has its bit (those of the in-order prefix too).
+        if i < prefix || w.repair.as_ref().is_some_and(|r| r.has(i)) {
             self.stats.dropped += 1;
+            return;
+        }
+        if w.repair.as_ref().map_or(i >= SACK_SPAN, |r| i >= r.window_end()) {
+            // Past what the window can remember: not kept; every response before it was
+            // sent, so the missing ones were lost, and this one is asked for again once
+            // the window reaches it.
+            self.stats.dropped += 1;
+            self.sq[k].repair.get_or_insert_with(Default::default).tail_lost = true;
+            self.req.read_repair = true;
             return;
         }
         // Any position: a range asked for again has its own FIRST and LAST.
@@ -419,13 +458,20 @@ impl QueuePair {
         }
         let w = &mut self.sq[k];
         let r = w.repair.get_or_insert_with(Default::default);
-        r.seen.set(i);
-        while w.read_done < w.len && r.seen.get(w.read_done / pmtu) {
+        r.see(i);
+        while w.read_done < w.len && r.has(w.read_done / pmtu) {
             w.read_done += (w.len - w.read_done).min(pmtu);
         }
-        if i > prefix {
-            // A gap before this one.
+        r.slide(w.read_done / pmtu);
+        if r.tail_lost && w.read_done / pmtu > prefix {
+            // The window moved on over responses known lost.
             self.req.read_repair = true;
+        }
+        if i > prefix {
+            // A gap before this one. The peer is answering: the probe waits from now, as
+            // for a SACK with news (the gap is asked for below).
+            self.req.read_repair = true;
+            self.req.probe_at = self.pto(now).map(|t| now + t);
         }
         let w = &mut self.sq[k];
         let (first, done, total) = (w.first_psn, w.read_done, w.len);
@@ -443,6 +489,8 @@ impl QueuePair {
             self.complete_front(WcStatus::Success);
         }
         self.progress(now);
-        self.ack_held_back(now);
+        if done == total {
+            self.ack_held_back(now);
+        }
     }
 }

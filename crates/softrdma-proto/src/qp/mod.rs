@@ -266,20 +266,72 @@ struct SendWqe {
     repair: Option<Box<ReadRepair>>,
 }
 
-/// Selective repair of a READ's responses, between softrdma peers, for a READ of at most
-/// `SACK_SPAN` responses: responses that arrive after a lost one are placed where they
-/// belong and remembered, and every missing range is asked for again at once, each with a
-/// READ request for just that range (which a softrdma responder answers, IBTA 9.7.5.1.1's
-/// duplicate READ with a shorter length).
+/// Selective repair of a READ's responses, between softrdma peers: responses that arrive
+/// after a lost one are placed where they belong and remembered, and every missing range
+/// is asked for again at once, each with a READ request for just that range (which a
+/// softrdma responder answers, IBTA 9.7.5.1.1's duplicate READ with a shorter length).
+/// The bitmaps cover `SACK_SPAN` responses from the first missing one on (`base`); one
+/// further on is not kept (it is asked for again once the window reaches it).
 #[derive(Default)]
 struct ReadRepair {
-    /// Bit i: response i (counted from the READ's first PSN) arrived.
+    /// The response (counted from the READ's first PSN) that bit 0 stands for: every one
+    /// before it arrived.
+    base: u32,
+    /// Bit i: response `base + i` arrived.
     seen: PsnBits,
-    /// Bit i: response i was asked for again, and the answer may still come.
+    /// Bit i: response `base + i` was asked for again, and the answer may still come.
     asked: PsnBits,
     /// Something the responder sent after this READ's last response arrived (an answer
     /// to a later request): every response not seen by now was lost.
     tail_lost: bool,
+}
+
+impl ReadRepair {
+    /// The bit of response `i`, if the window holds it.
+    fn bit(&self, i: u32) -> Option<u32> {
+        i.checked_sub(self.base).filter(|&k| k < psnset::SACK_SPAN)
+    }
+    /// Whether response `i` arrived.
+    fn has(&self, i: u32) -> bool {
+        i < self.base || self.bit(i).is_some_and(|k| self.seen.get(k))
+    }
+    /// Whether response `i` was asked for again.
+    fn was_asked(&self, i: u32) -> bool {
+        self.bit(i).is_some_and(|k| self.asked.get(k))
+    }
+    /// Records response `i` as arrived; false if it lies past the window.
+    fn see(&mut self, i: u32) -> bool {
+        match self.bit(i) {
+            Some(k) => {
+                self.seen.set(k);
+                true
+            }
+            None => i < self.base,
+        }
+    }
+    /// Records response `i` as asked for again.
+    fn ask(&mut self, i: u32) {
+        if let Some(k) = self.bit(i) {
+            self.asked.set(k);
+        }
+    }
+    /// Moves the window to start at response `to` (everything before it arrived).
+    fn slide(&mut self, to: u32) {
+        if to > self.base {
+            let d = (to - self.base).min(psnset::SACK_SPAN) as i32;
+            self.seen.move_base(d);
+            self.asked.move_base(d);
+            self.base = to;
+        }
+    }
+    /// The last response seen past the window's start, if any.
+    fn highest_seen(&self) -> Option<u32> {
+        self.seen.ones().last().map(|k| self.base + k)
+    }
+    /// One past the last response the window holds.
+    fn window_end(&self) -> u32 {
+        self.base + psnset::SACK_SPAN
+    }
 }
 
 impl SendWqe {

@@ -122,6 +122,8 @@ pub(super) struct Requester {
     /// When the last READ response was asked for again: a response that comes a round
     /// trip later while the asked ones are still missing means the asking was lost too.
     pub(super) read_asked_at: Option<Duration>,
+    /// Rounds of asking READ ranges again without an answer (see `read_ask_wait`).
+    pub(super) read_ask_rounds: u32,
     /// A response came since the resend timer last acted (see `resend_timeout`): it acts
     /// at most once between answers of the peer, so that a peer gone silent gets probes,
     /// which back off, and not a resend every round trip.
@@ -178,6 +180,7 @@ impl Requester {
             pending_back: None,
             read_repair: false,
             read_asked_at: None,
+            read_ask_rounds: 0,
             resend_armed: false,
             peer_acked: sq_psn - 1,
         }
@@ -797,7 +800,7 @@ impl QueuePair {
     /// Whether READ `w`'s responses may be repaired range by range: towards a softrdma
     /// peer with selective recovery, for a READ whose responses a SACK's span can hold.
     pub(super) fn read_repairable(&self, w: &SendWqe) -> bool {
-        matches!(w.op, SendOp::Read { .. }) && w.npsn <= SACK_SPAN && self.selective_peer()
+        matches!(w.op, SendOp::Read { .. }) && self.selective_peer()
     }
 
     /// A READ request for the first range of missing READ responses not yet asked for
@@ -811,14 +814,14 @@ impl QueuePair {
         let found = self.sq.iter_mut().take_while(|w| w.npsn > 0).find_map(|w| {
             let SendOp::Read { remote_addr, rkey } = w.op else { return None };
             let r = w.repair.as_deref_mut().filter(|_| !w.answered && w.npsn > 0)?;
-            let end = if r.tail_lost { w.npsn } else { r.seen.ones().last()? };
+            let end = if r.tail_lost { w.npsn.min(r.window_end()) } else { r.highest_seen()? };
             let mut k = w.read_done / pmtu;
-            while k < end && (r.seen.get(k) || r.asked.get(k)) {
+            while k < end && (r.has(k) || r.was_asked(k)) {
                 k += 1;
             }
             let start = k;
-            while k < end && !r.seen.get(k) && !r.asked.get(k) {
-                r.asked.set(k);
+            while k < end && !r.has(k) && !r.was_asked(k) {
+                r.ask(k);
                 k += 1;
             }
             (k > start).then(|| {
@@ -850,10 +853,11 @@ impl QueuePair {
     /// that are still missing were lost again, so they may be asked for once more.
     pub(super) fn stale_read_asks(&mut self, now: Duration) {
         let Some(at) = self.req.read_asked_at else { return };
-        if now < at + self.resend_wait() {
+        if now < at + self.read_ask_wait() {
             return;
         }
         self.req.read_asked_at = None;
+        self.req.read_ask_rounds += 1;
         for w in self.sq.iter_mut() {
             if let Some(r) = w.repair.as_deref_mut() {
                 r.asked = PsnBits::default();
@@ -981,9 +985,14 @@ impl QueuePair {
                 // Time a PSN sent for the first time that asks for an ACK (Karn: never a
                 // resent one, whose ACK could answer either copy), of a SEND or WRITE: a
                 // READ's or atomic's answer comes after the peer's work and the data.
-                let timeable = !self.sq[i].op.is_read_or_atomic();
+                // Between softrdma peers a READ is timed too, to its first response (see
+                // `on_read_response_selective`): a flow of READs alone otherwise never
+                // measures the path.
+                let w = &self.sq[i];
+                let read = matches!(w.op, SendOp::Read { .. }) && self.read_repairable(w);
+                let timeable = !w.op.is_read_or_atomic() || read;
                 if ack_req && !resent && timeable && self.req.timed.is_none() {
-                    self.req.timed = Some((end_psn - 1, now));
+                    self.req.timed = Some((if read { w.first_psn } else { end_psn - 1 }, now));
                 }
                 if self.req.probe_at.is_none() {
                     self.req.probe_at = self.pto(now).map(|t| now + t);
@@ -1059,8 +1068,15 @@ impl QueuePair {
     /// answers before it counts as lost too: a round trip and a quarter, or the round
     /// trip's usual spread if that is wider. (A filled gap is acknowledged at once.)
     pub(super) fn resend_wait(&self) -> Duration {
-        let rtt = self.req.srtt.unwrap_or(Duration::from_micros(50));
+        let rtt = self.req.srtt.unwrap_or(Duration::from_millis(1));
         rtt + (rtt / 4).max(4 * self.req.rttvar)
+    }
+
+    /// How long READ ranges asked for again get: `resend_wait`, doubled for each round of
+    /// asking again that had no answer yet (an answer may queue behind a long stream of
+    /// responses at the peer), until an asked-for response comes.
+    fn read_ask_wait(&self) -> Duration {
+        self.resend_wait() * (1u32 << self.req.read_ask_rounds.min(6))
     }
 
     /// When the resends and READ ranges asked for again should have been answered (see
@@ -1069,11 +1085,12 @@ impl QueuePair {
         if !self.req.resend_armed {
             return None;
         }
-        let last = match (self.req.rexmit_at, self.req.read_asked_at) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b)?,
-        };
-        Some(last + self.resend_wait())
+        let resend = self.req.rexmit_at.map(|t| t + self.resend_wait());
+        let ask = self.req.read_asked_at.map(|t| t + self.read_ask_wait());
+        match (resend, ask) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Resends and READ ranges asked for again that are not answered a round trip later
@@ -1093,7 +1110,7 @@ impl QueuePair {
                 again = true;
             }
         }
-        if self.req.read_asked_at.is_some_and(|t| now >= t + wait) {
+        if self.req.read_asked_at.is_some_and(|t| now >= t + self.read_ask_wait()) {
             self.stale_read_asks(now);
             again |= self.req.read_repair;
         }

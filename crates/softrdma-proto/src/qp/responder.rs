@@ -809,6 +809,16 @@ impl QueuePair {
             }
             Answer::Sack => {
                 self.resp.tx.pop_front();
+                // A SACK is built when it goes, from the state then: it would acknowledge
+                // READs and atomics executed since it was queued, ahead of their answers
+                // queued behind it, and the requester takes an acknowledgement past a READ
+                // for its responses all sent. It goes after them instead.
+                if self.resp.tx.iter().any(|a| matches!(a, Answer::Read { .. } | Answer::AtomicAck { .. })) {
+                    if !matches!(self.resp.tx.back(), Some(Answer::Sack)) {
+                        self.resp.tx.push_back(Answer::Sack);
+                    }
+                    return self.next_response(now, buf, mem);
+                }
                 let bits = self.resp.sack_bitmap();
                 if bits.is_empty() {
                     // The gap was filled since: a plain ACK says it all.
