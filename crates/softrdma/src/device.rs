@@ -41,8 +41,10 @@ pub const MAX_INLINE: u32 = 512;
 pub const MAX_QP: u32 = 1 << 16;
 /// Memory regions per device.
 pub const MAX_MR: u32 = 1 << 20;
-/// Outstanding READs and atomics per QP.
-pub const MAX_QP_RD_ATOM: u8 = 16;
+/// Outstanding READs and atomics per QP: 128, as Linux rxe advertises. perftest's READ
+/// and atomic clients take the server's advertised count for their own `max_rd_atomic`,
+/// so a smaller limit here made `ib_read_bw` against an rxe server fail to reach RTS.
+pub const MAX_QP_RD_ATOM: u8 = 128;
 /// Largest memory region.
 pub const MAX_MR_SIZE: u64 = 1 << 40;
 /// CQs, PDs, SRQs and address handles have no limit of their own; the QP limit is

@@ -55,10 +55,10 @@ impl QueuePair {
                     // The peer threw away what came after `psn`: whatever it does not hold
                     // goes again (a peer that takes ACKs past a READ for SACKs may be one
                     // that goes back N).
-                    if self.req.sack_peer {
-                        self.req.restart_recovery(false);
-                    }
                     if !self.on_ack(now, psn - 1) && self.req.go_back_guard != Some(psn) {
+                        if self.req.sack_peer {
+                            self.req.restart_recovery(false);
+                        }
                         self.req.go_back_guard = Some(psn);
                         self.go_back(psn);
                     }
@@ -83,10 +83,9 @@ impl QueuePair {
                             });
                         if !waiting {
                             self.fail_front(WcStatus::RnrRetryExcErr);
+                            return;
                         }
-                        return;
-                    }
-                    if self.rnr_retry != 7 {
+                    } else if self.rnr_retry != 7 {
                         self.req.rnr_left -= 1;
                     }
                     // The peer dropped the request it could not take; it may drop held ones
@@ -422,8 +421,8 @@ impl QueuePair {
                 self.req.rtt_sample(now, now.saturating_sub(sent));
             }
         }
-        if asked {
-            // An answer to asking again: the path answers.
+        if asked && i == w.read_done / pmtu {
+            // The first missing response, asked for again, came: the asking works.
             self.req.read_ask_rounds = 0;
         }
         let prefix = w.read_done / pmtu;
@@ -471,7 +470,9 @@ impl QueuePair {
             // A gap before this one. The peer is answering: the probe waits from now, as
             // for a SACK with news (the gap is asked for below).
             self.req.read_repair = true;
-            self.req.probe_at = self.pto(now).map(|t| now + t);
+            if k == 0 {
+                self.req.probe_at = self.pto(now).map(|t| now + t);
+            }
         }
         let w = &mut self.sq[k];
         let (first, done, total) = (w.first_psn, w.read_done, w.len);

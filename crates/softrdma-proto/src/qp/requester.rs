@@ -821,8 +821,15 @@ impl QueuePair {
             }
             let start = k;
             while k < end && !r.has(k) && !r.was_asked(k) {
-                r.ask(k);
                 k += 1;
+            }
+            // The part of a lost tail that a sliding window opens up is asked for by the
+            // eighth of a window, not a response at a time as the window moves.
+            if k == end && end < w.npsn && r.tail_lost && k - start < SACK_SPAN / 8 {
+                return None;
+            }
+            for j in start..k {
+                r.ask(j);
             }
             (k > start).then(|| {
                 let off = start * pmtu;
@@ -837,6 +844,11 @@ impl QueuePair {
             self.req.read_repair = false;
             return None;
         };
+        // Karn: the timed READ's first response asked for again would not measure one
+        // round trip.
+        if self.req.timed.is_some_and(|(t, _)| t == psn) {
+            self.req.timed = None;
+        }
         let opcode = Opcode::from_parts(Transport::Rc, Operation::RdmaReadRequest)?;
         let mut repr = PacketRepr::new(BthRepr::new(opcode, self.dest_qpn, psn), 0);
         repr.ext.reth = Some(reth);
