@@ -384,6 +384,14 @@ impl QueuePair {
             return;
         }
         let (first, done, total) = (w.first_psn, w.read_done, w.len);
+        self.front_read_progress(now, first, done, total);
+    }
+
+    /// The front READ has `done` of its `total` bytes in order (from its first PSN
+    /// `first`): acknowledged as far, completed when whole (and then the ACKs that went
+    /// past it while it waited count).
+    fn front_read_progress(&mut self, now: Duration, first: Psn, done: u32, total: u32) {
+        let pmtu = self.mtu.bytes();
         self.req.acked_psn = first + done.div_ceil(pmtu).max(1) - 1;
         self.req.go_back_guard = None;
         if done == total {
@@ -484,14 +492,6 @@ impl QueuePair {
             // Nothing new in order.
             return;
         }
-        self.req.acked_psn = first + done.div_ceil(pmtu).max(1) - 1;
-        self.req.go_back_guard = None;
-        if done == total {
-            self.complete_front(WcStatus::Success);
-        }
-        self.progress(now);
-        if done == total {
-            self.ack_held_back(now);
-        }
+        self.front_read_progress(now, first, done, total);
     }
 }
