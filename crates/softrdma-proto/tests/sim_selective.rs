@@ -317,6 +317,31 @@ fn a_read_longer_than_the_window_is_repaired_by_ranges_too() {
 }
 
 #[test]
+fn a_read_is_timed_to_its_first_response_unless_that_was_lost() {
+    // READs alone measure the path: the round trip to a READ's first response (the
+    // simulator's is 20 µs). When that response is lost and asked for again, its answer
+    // measures the repair too, so no sample is taken.
+    let srtt = |lost: &[u32]| {
+        let mut p = Pair::with(1, Impairments::default(), params(true));
+        let read = SendOp::Read { remote_addr: B_BASE + OFF as u64, rkey: p.b.1 };
+        p.post_send(SendWr {
+            wr_id: 0,
+            op: read,
+            sg_list: sge(p.a.0, A_BASE, 40 * PMTU),
+            flags: signaled(),
+            ud: None,
+        });
+        let hit = |psn: u32, n: u32| n == 1 && lost.iter().any(|&k| psn == (FIRST + k) & 0xFF_FFFF);
+        run(&mut p, |_, _| false, hit);
+        let qp = p.sim.nodes[0].endpoint.qp_mut(p.qa).unwrap();
+        assert!(qp.poll_send_completion().expect("completion").status.is_success());
+        std::time::Duration::from_nanos(qp.stats().srtt_ns)
+    };
+    assert_eq!(srtt(&[]), std::time::Duration::from_micros(20));
+    assert_eq!(srtt(&[0]), std::time::Duration::ZERO, "a sample across a repair");
+}
+
+#[test]
 fn a_lone_reads_lost_tail_is_asked_for_on_a_probe() {
     // The last 20 responses of the only READ are lost: nothing later will tell, so the
     // probe finds it; going back to the READ asks for the missing range at once (it once
