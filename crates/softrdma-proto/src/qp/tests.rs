@@ -717,13 +717,15 @@ fn malformed_responses_fail_the_wqe_with_bad_response() {
         ("FIRST for a one-packet READ", Operation::RdmaReadResponseFirst, 1024, AethSyndrome::ACK),
         ("a NAK in a READ response", Operation::RdmaReadResponseOnly, 0, nak),
     ];
-    for (what, op, len, syndrome) in cases {
+    // With selective recovery too, where a response may come at any position.
+    for ((what, op, len, syndrome), selective) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
         let mut t = T::new(QpType::Rc);
+        t.qp.set_selective(selective);
         t.post(1, SendOp::Read { remote_addr: 0, rkey: Rkey(9) }, 0x100, 100);
         assert_eq!(t.out().len(), 1);
         read_resp(&mut t, op, len, syndrome);
         let wc = t.sends();
-        assert_eq!(wc.first().map(|w| w.status), Some(WcStatus::BadRespErr), "{what}");
+        assert_eq!(wc.first().map(|w| w.status), Some(WcStatus::BadRespErr), "{what}, selective {selective}");
         assert!(t.bytes()[0x100..0x100 + 100].iter().enumerate().all(|(i, &b)| b == ((0x100 + i) * 7) as u8));
     }
     let mut t = T::new(QpType::Rc);
