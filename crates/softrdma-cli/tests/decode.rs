@@ -259,7 +259,7 @@ fn drop_in_library_captures_with_rxe_are_all_valid_both_ways() {
     // perftest and ibv_rc_pingpong on the drop-in libibverbs.so.1 against the same tools
     // on Linux rxe, each direction (testdata/interop-lib/README.md).
     let files = pcaps("testdata/interop-lib");
-    assert_eq!(files.len(), 6);
+    assert_eq!(files.len(), 8);
     for f in &files {
         let o = decode(&[f.as_path()], false);
         assert_eq!(o.status.code(), Some(0), "{}", f.display());
@@ -272,6 +272,8 @@ fn drop_in_library_captures_with_rxe_are_all_valid_both_ways() {
         let (ours, theirs) = match &*name {
             "write_bw_vm_srv.pcap" => ("RC RDMA_WRITE_MIDDLE", "RC ACKNOWLEDGE"),
             "write_bw_host_srv.pcap" => ("RC ACKNOWLEDGE", "RC RDMA_WRITE_MIDDLE"),
+            "read_bw_vm_srv.pcap" => ("RC RDMA_READ_REQUEST", "RC RDMA_READ_RESPONSE_MIDDLE"),
+            "read_bw_host_srv.pcap" => ("RC RDMA_READ_RESPONSE_MIDDLE", "RC RDMA_READ_REQUEST"),
             n if n.starts_with("send_lat") => ("RC SEND_ONLY", "RC SEND_ONLY"),
             _ => ("RC SEND_FIRST", "RC SEND_FIRST"),
         };
