@@ -122,6 +122,8 @@ pub(super) struct Requester {
     /// When the last READ response was asked for again: a response that comes a round
     /// trip later while the asked ones are still missing means the asking was lost too.
     pub(super) read_asked_at: Option<Duration>,
+    /// The last PSN `reads_answered_before` marked every READ before (see there).
+    pub(super) answered_mark: Psn,
     /// Rounds of asking READ ranges again without an answer (see `read_ask_wait`).
     pub(super) read_ask_rounds: u32,
     /// A response came since the resend timer last acted (see `resend_timeout`): it acts
@@ -180,6 +182,7 @@ impl Requester {
             pending_back: None,
             read_repair: false,
             read_asked_at: None,
+            answered_mark: sq_psn - 1,
             read_ask_rounds: 0,
             resend_armed: false,
             peer_acked: sq_psn - 1,
@@ -287,23 +290,7 @@ impl Requester {
     /// what is lost: a lost packet is resent as soon as a SACK shows it, so it stays
     /// counted).
     pub(super) fn pipe(&self) -> u32 {
-        self.not_held(self.inflight())
-    }
-
-    /// Of the first `n` PSNs after the last acknowledged one, how many no SACK says the
-    /// peer holds.
-    fn not_held(&self, n: u32) -> u32 {
-        if !self.sack_peer {
-            return n;
-        }
-        // The bitmaps may not have followed the acknowledgements yet (see `sync_sack`).
-        let lo = (self.acked_psn + 1).distance(self.sack_base);
-        if lo < 0 {
-            return n;
-        }
-        let lo = lo as u32;
-        let held = self.sacked.count_below(lo.saturating_add(n)) - self.sacked.count_below(lo);
-        n - held.min(n)
+        self.unheld_in(self.acked_psn + 1, self.inflight())
     }
 
     /// Of the PSNs `first..first + n`, how many are sent, not acknowledged, and not held
@@ -884,10 +871,19 @@ impl QueuePair {
         if self.req.rd_outstanding == 0 || !self.selective_peer() {
             return;
         }
+        // Every READ before the last PSN this looked at was marked then (or has completed
+        // since): the answers that follow, mostly the rest of one READ's responses, need
+        // no walk of the send queue each.
+        let mark = self.req.answered_mark;
+        if psn.distance(mark) <= 0 && mark.distance(self.req.acked_psn) > 0 {
+            return;
+        }
         let sent = self.req.send_idx.min(self.sq.len());
         for i in 0..sent {
             let w = &self.sq[i];
             if w.npsn == 0 || w.last_psn().distance(psn) >= 0 {
+                // Every sent READ before `psn` was looked at.
+                self.req.answered_mark = psn;
                 break;
             }
             if w.answered || !self.read_repairable(w) {
