@@ -220,6 +220,18 @@ pub trait Memory {
     /// gather of a send read memory this way, without copying it out first).
     fn gather(&self, pd: PdId, seg: &Segment, f: &mut dyn FnMut(&[u8])) -> Result<(), MemError>;
 
+    /// Copies the bytes of `seg` into `dst`, which is `seg.len` bytes long (a packet built
+    /// whole in one buffer). The default goes through [`Memory::gather`]; a memory that can
+    /// copy straight into `dst` saves a copy.
+    fn copy_out(&self, pd: PdId, seg: &Segment, dst: &mut [u8]) -> Result<(), MemError> {
+        let mut at = 0;
+        self.gather(pd, seg, &mut |b| {
+            let n = b.len().min(dst.len() - at);
+            dst[at..at + n].copy_from_slice(&b[..n]);
+            at += n;
+        })
+    }
+
     /// Copies `data` to `addr` in region `key`, which must grant `access`.
     fn write(
         &mut self,

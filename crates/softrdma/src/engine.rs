@@ -38,13 +38,11 @@ const BATCH: usize = 64;
 /// Segments per GSO train, and its largest total size.
 const GSO_MAX_SEGS: usize = 64;
 const GSO_MAX_BYTES: usize = 65_000;
-/// Room per outgoing packet: headers and inline data, then the tail, then a bounce buffer
-/// for payloads split in more pieces than an iovec array holds.
-const HEAD: usize = 1024;
-const TAIL: usize = 32;
-const _: () = assert!(softrdma_proto::qp::TAIL_ROOM <= TAIL);
-const BOUNCE: usize = 4096 + 8;
-const SLOT: usize = HEAD + TAIL + BOUNCE;
+/// Room for one outgoing packet, whole: headers, the largest payload (an MTU of 4096
+/// bytes), pad and tail. Packets are built end to end in one arena of `BATCH` such rooms,
+/// each taking only its length, so that a GSO train is one iovec (see `flush_at`).
+const ROOM: usize = 1024 + 4096 + 32;
+const _: () = assert!(softrdma_proto::qp::TAIL_ROOM <= 32);
 /// The longest the progress thread sleeps: timers due later than its wake-up need no
 /// nudge (a system call and a context switch per `post_send`).
 const MAX_SLEEP: Duration = Duration::from_millis(20);
@@ -503,7 +501,7 @@ impl Engine {
             routes: HashMap::default(),
             events,
             link,
-            slots: vec![0; BATCH * SLOT],
+            slots: vec![0; BATCH * ROOM],
             out: Vec::with_capacity(BATCH),
             iov_pool: Vec::new(),
             cm_routes: HashMap::new(),
@@ -1586,13 +1584,14 @@ impl Engine {
             // ((destination, TOS), segment size, segments, bytes, still open) of the last
             // message.
             let mut train: Option<Train> = None;
-            for slot in slots.chunks_exact_mut(SLOT) {
-                let (head, rest) = slot.split_at_mut(HEAD);
-                let (tail, bounce) = rest.split_at_mut(TAIL);
-                let Some(t) = endpoint.poll_transmit(now, head, mem) else { break };
+            // Where the next packet goes in `slots`: right after the last one.
+            let mut at = 0;
+            while at + ROOM <= slots.len() {
+                let buf = &mut slots[at..at + ROOM];
+                let Some(t) = endpoint.poll_transmit(now, buf, mem) else { break };
                 stage!(PacketBuilt);
                 let len = t.len();
-                let qpn = match head.get(5..8) {
+                let qpn = match buf.get(5..8) {
                     Some(q) if sharded => u32::from_be_bytes([0, q[0], q[1], q[2]]),
                     _ => 0,
                 };
@@ -1613,39 +1612,31 @@ impl Engine {
                 if tr.2 > 1 {
                     msg.gso = u16::try_from(tr.1).ok();
                 }
-                if t.payload.is_empty() && t.head_len + t.tail_len <= HEAD {
-                    // A packet without payload to gather (the protocol builds small ones
-                    // contiguous): its tail goes right after the head, one iovec instead
-                    // of two (each costs the kernel an import).
-                    head[t.head_len..t.head_len + t.tail_len].copy_from_slice(&t.tail[..t.tail_len]);
-                    msg.iov.push(libc::iovec {
-                        iov_base: head.as_mut_ptr().cast(),
-                        iov_len: t.head_len + t.tail_len,
-                    });
-                    self.io.packets_sent.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                msg.iov.push(libc::iovec { iov_base: head.as_mut_ptr().cast(), iov_len: t.head_len });
-                if t.payload.len() <= 4 {
+                self.io.packets_sent.fetch_add(1, Ordering::Relaxed);
+                // The protocol copies the payload into `buf` when the packet fits, which
+                // every packet of an MTU up to 4096 does: the tail goes right after it, and
+                // the packet extends its train's iovec. Segments left in memory (a packet
+                // too big for `ROOM`) go as iovecs of their own, the tail after the head,
+                // and end the train (a message holds at most `IOV_MAX` iovecs).
+                let head = buf.as_mut_ptr();
+                let mut end = t.head_len;
+                if !t.payload.is_empty() {
+                    tr.4 = false;
+                    msg.push_iov(head, end);
                     for seg in &t.payload {
                         let Some((ptr, n)) = mem.raw(t.pd, seg) else { continue };
                         msg.iov.push(libc::iovec { iov_base: ptr as *mut libc::c_void, iov_len: n });
                     }
-                } else {
-                    // Many small pieces: copy them into one.
-                    let mut at = 0;
-                    for seg in &t.payload {
-                        let _ = softrdma_proto::memory::Memory::gather(&*mem, t.pd, seg, &mut |b| {
-                            let n = b.len().min(bounce.len() - at);
-                            bounce[at..at + n].copy_from_slice(&b[..n]);
-                            at += n;
-                        });
-                    }
-                    msg.iov.push(libc::iovec { iov_base: bounce.as_mut_ptr().cast(), iov_len: at });
+                    buf[end..end + t.tail_len].copy_from_slice(&t.tail[..t.tail_len]);
+                    msg.iov
+                        .push(libc::iovec { iov_base: buf[end..].as_mut_ptr().cast(), iov_len: t.tail_len });
+                    at += end + t.tail_len;
+                    continue;
                 }
-                tail[..t.tail_len].copy_from_slice(&t.tail[..t.tail_len]);
-                msg.iov.push(libc::iovec { iov_base: tail.as_mut_ptr().cast(), iov_len: t.tail_len });
-                self.io.packets_sent.fetch_add(1, Ordering::Relaxed);
+                buf[end..end + t.tail_len].copy_from_slice(&t.tail[..t.tail_len]);
+                end += t.tail_len;
+                msg.push_iov(head, end);
+                at += end;
             }
             if msgs.is_empty() {
                 break;

@@ -494,6 +494,13 @@ impl Memory for Registry {
         Ok(())
     }
 
+    fn copy_out(&self, pd: PdId, seg: &Segment, dst: &mut [u8]) -> Result<(), MemError> {
+        let (mr, off) = self.resolve(pd, seg.key, seg.addr, u64::from(seg.len), seg.key.read_access())?;
+        let n = (seg.len as usize).min(dst.len());
+        mr.read(off, &mut dst[..n]);
+        Ok(())
+    }
+
     fn write(
         &mut self,
         pd: PdId,

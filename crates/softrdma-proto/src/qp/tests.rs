@@ -187,6 +187,36 @@ fn ops(out: &[Out]) -> Vec<(Operation, u32)> {
 // --- Requester and completer ---
 
 #[test]
+fn a_packet_is_built_whole_where_the_buffer_holds_it_and_its_tail_with_the_same_bytes() {
+    // The same SEND (a full 1024-byte packet, then a 300-byte one) built into a buffer
+    // that holds it with its tail, and into one that holds only the headers.
+    let mut whole = T::new(QpType::Rc);
+    let mut split = T::new(QpType::Rc);
+    split.buf = vec![0; 64];
+    let mut room = T::new(QpType::Rc);
+    // Room for the packet but not its tail: the payload stays in memory.
+    room.buf = vec![0; 12 + 1024 + 8];
+    for t in [&mut whole, &mut split, &mut room] {
+        t.post(1, SendOp::Send, 100, 1324);
+    }
+    for first in [true, false] {
+        let a = whole.qp.poll_transmit(whole.now, &mut whole.buf, &whole.mem).unwrap();
+        let b = split.qp.poll_transmit(split.now, &mut split.buf, &split.mem).unwrap();
+        let c = room.qp.poll_transmit(room.now, &mut room.buf, &room.mem).unwrap();
+        assert!(a.payload.is_empty(), "the payload is copied after the headers");
+        assert!(!b.payload.is_empty(), "no room: the payload stays in memory");
+        // The full packet has no room for its tail in `room`; the short one has.
+        assert_eq!(c.payload.is_empty(), !first);
+        let bytes = a.assemble(&whole.buf, &whole.mem);
+        assert_eq!(bytes, b.assemble(&split.buf, &split.mem));
+        assert_eq!(bytes, c.assemble(&room.buf, &room.mem));
+        assert_eq!(a.head_len + a.tail_len, bytes.len());
+        Packet::new_checked(&bytes[..]).unwrap();
+        assert!(icrc::verify(&icrc::Encap::new(me(), peer()).unwrap(), &bytes), "the ICRC covers the copy");
+    }
+}
+
+#[test]
 fn a_send_is_cut_at_the_mtu_and_completes_on_the_ack_of_its_last_psn() {
     let mut t = T::new(QpType::Rc);
     t.post(1, SendOp::Send, 0, 2500);

@@ -217,6 +217,19 @@ impl OutMsg {
         OutMsg { dst: socket2::SockAddr::from(dst), to: dst, src, tos, iov, gso: None, control: [0; 8] }
     }
 
+    /// Appends `len` bytes at `ptr`, extending the last iovec when they follow it in
+    /// memory (packets built end to end: a GSO train becomes one iovec, which the kernel
+    /// copies in one go).
+    pub(crate) fn push_iov(&mut self, ptr: *mut u8, len: usize) {
+        if let Some(last) = self.iov.last_mut() {
+            if last.iov_base.cast::<u8>().wrapping_add(last.iov_len) == ptr {
+                last.iov_len += len;
+                return;
+            }
+        }
+        self.iov.push(libc::iovec { iov_base: ptr.cast(), iov_len: len });
+    }
+
     /// Gives back the message's iovec vector, emptied, for [`Self::with_iov`].
     pub(crate) fn into_iov(self) -> EmptyIovs {
         let mut iov = self.iov;
@@ -672,9 +685,44 @@ pub(crate) fn canonical(addr: SocketAddr) -> SocketAddr {
 
 #[cfg(test)]
 mod tests {
-    use super::RecvBatch;
+    use super::{EmptyIovs, OutMsg, RecvBatch};
     use std::net::UdpSocket;
     use std::os::fd::AsRawFd;
+
+    /// Pieces that follow each other in memory become one iovec, others start a new one,
+    /// and the kernel cuts the GSO train at the segment size all the same.
+    #[test]
+    fn pieces_end_to_end_are_one_iovec_and_still_leave_as_their_datagrams() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(2))).unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut arena: Vec<u8> = (0..400u32).map(|i| i as u8).collect();
+        let mut other = vec![0xeeu8; 100];
+        let (src, dst) = (tx.local_addr().unwrap(), rx.local_addr().unwrap());
+        let mut m = OutMsg::with_iov(src, dst, 0, EmptyIovs::with_capacity(4));
+        let base = arena.as_mut_ptr();
+        m.push_iov(base, 60);
+        m.push_iov(base.wrapping_add(60), 40);
+        m.push_iov(base.wrapping_add(100), 100);
+        assert_eq!(m.iov.len(), 1, "three adjacent pieces make one iovec");
+        m.push_iov(other.as_mut_ptr(), 100);
+        m.push_iov(base.wrapping_add(300), 50);
+        assert_eq!(m.iov.len(), 3, "a piece elsewhere starts a new iovec");
+        assert_eq!(m.iov.iter().map(|v| v.iov_len).collect::<Vec<_>>(), vec![200, 100, 50]);
+        m.gso = Some(100);
+        let mut msgs = [m];
+        // SAFETY: every iovec points into `arena` or `other`, alive through the call.
+        let sent = unsafe { super::send_batch(tx.as_raw_fd(), &mut msgs, 0) };
+        assert_eq!(sent.sent, 1);
+        let mut want: Vec<Vec<u8>> = arena[..200].chunks(100).map(<[u8]>::to_vec).collect();
+        want.push(other.clone());
+        want.push(arena[300..350].to_vec());
+        for w in want {
+            let mut b = [0u8; 512];
+            let n = rx.recv(&mut b).unwrap();
+            assert_eq!(&b[..n], &w[..]);
+        }
+    }
 
     /// The batch asks for one datagram while they come one at a time, grows while the queue
     /// stays full, and loses none on the way.
