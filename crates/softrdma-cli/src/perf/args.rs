@@ -329,11 +329,19 @@ pub(super) fn region_len(args: &PerfArgs, max: usize) -> Option<u64> {
 /// receive slots of every QP (with the GRH area on UD), then the local buffer, then the
 /// target of the peer's RDMA (which all QPs share). The target is at least the 4096-byte
 /// cycle buffer we announce: perftest's small one-sided operations walk through that much
-/// of the peer's memory.
+/// of the peer's memory. Receives walk the same way, as perftest's do: through as many
+/// slots as fit in the cycle buffer when a message takes at most half of it, else all
+/// into one (a slot per receive, 512 of 64 KiB, made the SEND benchmarks measure cache
+/// misses: the receiver's stores into the slots cost three times what they cost into one).
 pub(super) fn layout(args: &PerfArgs, max: usize) -> Option<(u64, usize, usize)> {
     let slot = max.checked_add(if args.connection == Conn::Ud { 40 } else { 0 })?;
     let buf = slot.max(8).checked_next_multiple_of(64)?;
-    let slots = if args.test.is_send() { args.rx_depth.max(1) as usize } else { 1 };
+    let slots = match args.test.is_send() {
+        true if buf <= super::CYCLE_BUFFER / 2 => {
+            (super::CYCLE_BUFFER / buf).min(args.rx_depth.max(1) as usize)
+        }
+        _ => 1,
+    };
     let target = buf.max(super::CYCLE_BUFFER);
     let len = buf
         .checked_mul(slots)?
@@ -469,5 +477,37 @@ pub(super) fn clone_args(a: &PerfArgs) -> PerfArgs {
         cq_mod: a.cq_mod,
         qp_timeout: a.qp_timeout,
         unsupported: Unsupported::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PerfArgs;
+
+    fn args(line: &str) -> PerfArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            perf: PerfArgs,
+        }
+        <Cli as clap::Parser>::parse_from(std::iter::once("perf").chain(line.split_whitespace())).perf
+    }
+
+    /// Receive slots walk the 4096-byte cycle buffer as perftest's receives do: as many as
+    /// fit when a message takes at most half of it (no more than the receive queue holds),
+    /// else one.
+    #[test]
+    fn receives_walk_the_cycle_buffer_as_perftests_do() {
+        let slots = |line: &str, max: usize| super::layout(&args(line), max).unwrap().2;
+        assert_eq!(slots("send_bw", 65536), 1);
+        assert_eq!(slots("send_bw", 4096), 1);
+        assert_eq!(slots("send_bw", 2048), 2);
+        assert_eq!(slots("send_bw", 2), 64);
+        assert_eq!(slots("send_bw -r 8", 2), 8);
+        assert_eq!(slots("send_bw -c UD", 2048), 1, "a slot holds the GRH area too");
+        assert_eq!(slots("write_bw", 2), 1, "no receives");
+        let (len, buf, _) = super::layout(&args("send_bw -q 2"), 65536).unwrap();
+        assert_eq!(buf, 65536);
+        assert_eq!(len, 4 * 65536, "two QPs' slots, the local buffer and the target");
     }
 }
