@@ -139,7 +139,10 @@ impl Relay {
                     } else {
                         (self.peer_b, b_side, a_side, self.peer_a)
                     };
-                    if src != expected {
+                    // From the endpoint's address, and any port: a RoCEv2 sender puts a
+                    // flow's entropy in its source port (softrdma and rxe: one per QP),
+                    // while answers go to the endpoint's own port.
+                    if src.ip() != expected.ip() {
                         continue;
                     }
                     let mut pkt = buf[..n].to_vec();

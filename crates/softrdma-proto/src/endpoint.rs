@@ -207,6 +207,9 @@ pub struct Endpoint {
     foreign: HashMap<IpAddr, bool>,
     /// Multicast groups and the QPs attached to each, in attach order.
     mcast: BTreeMap<IpAddr, Vec<u32>>,
+    /// UDP ports that RC and UC QPs send from (see [`Endpoint::set_source_ports`]); empty:
+    /// every QP sends from `local`'s.
+    source_ports: Vec<u16>,
 }
 
 impl Endpoint {
@@ -231,6 +234,7 @@ impl Endpoint {
             gsi_psn: 0,
             foreign: HashMap::new(),
             mcast: BTreeMap::new(),
+            source_ports: Vec::new(),
         }
     }
 
@@ -297,7 +301,21 @@ impl Endpoint {
         self.qps.len()
     }
 
-    /// Creates a QP in RESET; `cfg.local` is replaced by the endpoint's address.
+    /// Has RC and UC QPs created from now on send from one of `ports` (UDP ports bound
+    /// to the endpoint's address), picked by a hash of the QP number, instead of from the
+    /// endpoint's own port: RoCEv2 puts a flow's entropy in its UDP source port (IBTA
+    /// Annex A17.3.1; Linux rxe and RoCE NICs do it per QP), so that switches spread QPs
+    /// over equal-cost paths and a receiving host's NIC spreads them over its receive
+    /// queues and cores. Packets still go to the peer's port, and answers come to ours;
+    /// a softrdma peer latches whatever source port a QP's first packet brings. UD QPs
+    /// and the CM keep the endpoint's port: a UD answer is addressed to the port its
+    /// request came from (`ibv_create_ah_from_wc`).
+    pub fn set_source_ports(&mut self, ports: Vec<u16>) {
+        self.source_ports = ports;
+    }
+
+    /// Creates a QP in RESET; `cfg.local` is replaced by the endpoint's address (with one
+    /// of the source ports for RC and UC, see [`Endpoint::set_source_ports`]).
     pub fn create_qp(&mut self, mut cfg: QpConfig) -> Qpn {
         cfg.local = self.local;
         let n = loop {
@@ -322,6 +340,11 @@ impl Endpoint {
             }
         };
         let qpn = Qpn::new(n);
+        if cfg.qp_type != QpType::Ud && !self.source_ports.is_empty() {
+            // The QPN's bits mixed (the low ones may all name the shard), then reduced.
+            let h = (u64::from(n.wrapping_mul(0x9E37_79B1)) * self.source_ports.len() as u64) >> 32;
+            cfg.local.set_port(self.source_ports[h as usize]);
+        }
         let slot =
             Slot { qp: QueuePair::new(qpn, cfg), touched: false, ready: false, pending: false, armed: None };
         self.qps.insert(n, slot);
@@ -597,6 +620,7 @@ impl Endpoint {
             let Ok(len) = repr.emit(buf, &mad, &encap) else { continue };
             self.gsi_psn = (self.gsi_psn + 1) & crate::MASK_24;
             return Some(Transmit {
+                src: self.local,
                 dst,
                 head_len: len,
                 payload: crate::memory::Segments::Empty,

@@ -190,7 +190,14 @@ impl Context {
                 Err(closing) => break (table, closing),
             }
         };
-        let links = bind_after_close(want, closing, shards)?;
+        let mut links = bind_after_close(want, closing, shards)?;
+        let ports = crate::device::source_ports_env();
+        if ports > 0 {
+            let each = ports.div_ceil(links.len());
+            for link in &mut links {
+                link.add_source_ports(each);
+            }
+        }
         let local = links[0].local();
         let sockets = links[0].open_guard();
         let count = links.len() as u32;

@@ -403,6 +403,26 @@ pub(crate) fn shards_env() -> usize {
     v.trim().parse::<usize>().ok().filter(|n| n.is_power_of_two() && *n <= MAX_SHARDS).unwrap_or(1)
 }
 
+/// `SOFTRDMA_SOURCE_PORTS`: how many UDP source ports a device opened on UDP spreads its
+/// RC and UC QPs over (see `Endpoint::set_source_ports`), shared out among its shards (one
+/// each at least); 0 sends everything from the device's own port. 8 unless set, at most
+/// [`MAX_SOURCE_PORTS`].
+pub(crate) fn source_ports_env() -> usize {
+    source_ports_from(std::env::var("SOFTRDMA_SOURCE_PORTS").ok().as_deref())
+}
+
+fn source_ports_from(v: Option<&str>) -> usize {
+    match v.map(str::trim) {
+        None | Some("") => DEFAULT_SOURCE_PORTS,
+        Some(v) => v.parse::<usize>().map_or(DEFAULT_SOURCE_PORTS, |n| n.min(MAX_SOURCE_PORTS)),
+    }
+}
+
+/// Source ports per device unless `SOFTRDMA_SOURCE_PORTS` says otherwise.
+const DEFAULT_SOURCE_PORTS: usize = 8;
+/// The most source ports a device opens.
+pub(crate) const MAX_SOURCE_PORTS: usize = 64;
+
 /// `SOFTRDMA_SHARDS=auto` on `cores` cores: a shard per two cores, a power of two, at most
 /// 8 (where the measured scaling was taken; more shards than busy QPs buy nothing).
 fn auto_shards(cores: usize) -> usize {
@@ -415,6 +435,15 @@ fn auto_shards(cores: usize) -> usize {
 
 #[cfg(test)]
 mod shard_tests {
+    #[test]
+    fn source_ports_default_to_eight_and_zero_turns_them_off() {
+        let got: Vec<usize> = [None, Some(""), Some("0"), Some("3"), Some(" 16 "), Some("1000"), Some("x")]
+            .iter()
+            .map(|v| super::source_ports_from(*v))
+            .collect();
+        assert_eq!(got, [8, 8, 0, 3, 16, 64, 8]);
+    }
+
     #[test]
     fn auto_takes_a_shard_per_two_cores_up_to_eight() {
         let got: Vec<usize> =

@@ -443,10 +443,10 @@ impl Drop for WatchGuard<'_> {
     }
 }
 
-/// The GSO train being built: ((destination, TOS, destination QPN), segment size,
-/// segments, bytes, still open). A train carries one QP's packets: a receiving device
-/// with shards gets each train on the socket of the shard its first packet names.
-type Train = ((SocketAddr, u8, u32), usize, usize, usize, bool);
+/// The GSO train being built: ((source port, destination, TOS, destination QPN), segment
+/// size, segments, bytes, still open). A train carries one QP's packets: a receiving
+/// device with shards gets each train on the socket of the shard its first packet names.
+type Train = ((u16, SocketAddr, u8, u32), usize, usize, usize, bool);
 
 /// The running agent.
 fn agent(core: &mut Core) -> Result<&mut CmAgent> {
@@ -492,6 +492,7 @@ impl Engine {
         };
         let async_fd = events.efd.as_raw_fd();
         let mut endpoint = Endpoint::new(local);
+        endpoint.set_source_ports(link.source_ports());
         // Unguessable QP numbers: a blind attacker must guess 24 bits to reach a QP.
         endpoint.set_qpn_key(crate::random_u64());
         endpoint.set_qpn_shard(index, count);
@@ -1571,7 +1572,6 @@ impl Engine {
     /// [`Self::flush`] at `now`.
     fn flush_at(&self, core: &mut Core, now: Duration) {
         self.deferred.store(0, Ordering::Relaxed);
-        let local = self.local;
         if core.endpoint.cm().is_some() {
             self.cm_pump(core);
         }
@@ -1597,12 +1597,12 @@ impl Engine {
                 };
                 let joins = gso
                     && !t.alone
-                    && matches!(train, Some((dst, size, segs, bytes, true))
-                        if dst == (t.dst, t.tos, qpn) && len <= size && segs < GSO_MAX_SEGS && bytes + len <= GSO_MAX_BYTES);
+                    && matches!(train, Some((flow, size, segs, bytes, true))
+                        if flow == (t.src.port(), t.dst, t.tos, qpn) && len <= size && segs < GSO_MAX_SEGS && bytes + len <= GSO_MAX_BYTES);
                 if !joins {
                     let iov = iov_pool.pop().unwrap_or_else(|| crate::sys::EmptyIovs::with_capacity(8));
-                    msgs.push(OutMsg::with_iov(local, t.dst, t.tos, iov));
-                    train = Some(((t.dst, t.tos, qpn), len, 0, 0, !t.alone));
+                    msgs.push(OutMsg::with_iov(t.src, t.dst, t.tos, iov));
+                    train = Some(((t.src.port(), t.dst, t.tos, qpn), len, 0, 0, !t.alone));
                 }
                 let (Some(msg), Some(tr)) = (msgs.last_mut(), train.as_mut()) else { break };
                 tr.2 += 1;

@@ -90,6 +90,13 @@ pub(crate) trait Link: Send + fmt::Debug {
     /// How soon the link will have something to deliver that no fd announces (the memory
     /// network's delayed datagrams); `None` for never.
     fn next_wake(&self) -> Option<Duration>;
+
+    /// The UDP ports, besides the device's, that datagrams may leave from (see
+    /// [`UdpLink::add_source_ports`]); a message whose source carries one of them goes
+    /// from that port's socket.
+    fn source_ports(&self) -> Vec<u16> {
+        Vec::new()
+    }
 }
 
 /// UDP sockets: the device's, then one per multicast group joined.
@@ -105,6 +112,9 @@ pub(crate) struct UdpLink {
     ready: Vec<RawFd>,
     /// The device socket's default TOS byte (ECT(0) where the kernel took it).
     tos: u8,
+    /// Send-only sockets on the device's address, each on a port of its own: the source
+    /// ports of RC and UC QPs (see [`UdpLink::add_source_ports`]).
+    sources: Vec<(UdpSocket, u16)>,
     /// Alive while the link's sockets are open (the last field: it drops after them),
     /// shared by the links of one device's shards: an open of the same address waits for
     /// it to go (see [`UdpLink::open_guard`]).
@@ -184,12 +194,38 @@ impl UdpLink {
             ifindex,
             ready: Vec::new(),
             tos,
+            sources: Vec::new(),
             open,
         })
     }
 
-    fn socket_for(&self, src: SocketAddr) -> usize {
-        self.sockets.iter().position(|(_, l)| l.ip() == src.ip()).unwrap_or(0)
+    /// Opens `n` send-only sockets on the device's address, each on a port the kernel
+    /// picks, for the QPs' source ports (RoCEv2's flow entropy: see
+    /// `Endpoint::set_source_ports`). Nothing is sent to them (answers go to the device's
+    /// port), so they are never read, and keep the smallest receive buffer. Returns how
+    /// many were opened: a port the kernel cannot give is left out.
+    pub(crate) fn add_source_ports(&mut self, n: usize) -> usize {
+        let ip = self.sockets[0].1.ip();
+        for _ in 0..n {
+            let Ok(s) = bind_source(SocketAddr::new(ip, 0), self.tos) else { break };
+            let Ok(port) = s.local_addr().map(|a| a.port()) else { break };
+            self.sources.push((s, port));
+        }
+        self.sources.len()
+    }
+
+    /// The socket `src` leaves from: a source port's, a group's, or the device's.
+    fn socket_for(&self, src: SocketAddr) -> (RawFd, u8) {
+        if src.port() != self.sockets[0].1.port() {
+            if let Some((s, _)) = self.sources.iter().find(|(_, p)| *p == src.port()) {
+                return (s.as_raw_fd(), self.tos);
+            }
+        }
+        match self.sockets.iter().position(|(_, l)| l.ip() == src.ip()) {
+            // Group sockets keep the kernel's default TOS.
+            Some(k) if k > 0 => (self.sockets[k].0.as_raw_fd(), 0),
+            _ => (self.sockets[0].0.as_raw_fd(), self.tos),
+        }
     }
 }
 
@@ -233,13 +269,10 @@ impl Link for UdpLink {
         let mut total = Sent::default();
         let mut at = 0;
         while at < msgs.len() {
-            let k = self.socket_for(msgs[at].src);
-            let run = msgs[at..].iter().take_while(|m| self.socket_for(m.src) == k).count();
+            let (fd, tos) = self.socket_for(msgs[at].src);
+            let run = msgs[at..].iter().take_while(|m| self.socket_for(m.src).0 == fd).count();
             // SAFETY: forwarded from this function's contract.
-            // Group sockets keep the kernel's default TOS.
-            let tos = if k == 0 { self.tos } else { 0 };
-            let sent =
-                unsafe { sys::send_batch(self.sockets[k].0.as_raw_fd(), &mut msgs[at..at + run], tos) };
+            let sent = unsafe { sys::send_batch(fd, &mut msgs[at..at + run], tos) };
             total.sent += sent.sent;
             total.gso_refused |= sent.gso_refused;
             total.too_big += sent.too_big;
@@ -282,6 +315,33 @@ impl Link for UdpLink {
     fn next_wake(&self) -> Option<Duration> {
         None
     }
+
+    fn source_ports(&self) -> Vec<u16> {
+        self.sources.iter().map(|&(_, p)| p).collect()
+    }
+}
+
+/// A send-only socket on `addr` for a source port: the device socket's options for what
+/// it sends (don't fragment, the default TOS byte `tos`, the send buffer), none for
+/// receiving.
+fn bind_source(addr: SocketAddr, tos: u8) -> Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+    let s = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
+    let fd = s.as_raw_fd();
+    if addr.is_ipv4() {
+        sys::setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO);
+        s.set_tos(u32::from(tos))?;
+    } else {
+        sys::setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IP_PMTUDISC_DO);
+        let _ = s.set_only_v6(true);
+        s.set_tclass_v6(u32::from(tos))?;
+    }
+    let _ = s.set_send_buffer_size(8 << 20);
+    let _ = s.set_recv_buffer_size(0);
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    Ok(s.into())
 }
 
 /// A socket that receives a multicast group's datagrams at the device's port: bound to

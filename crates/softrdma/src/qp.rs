@@ -488,6 +488,13 @@ impl QueuePair {
         self.engine.with_qp(self.qpn, |q| q.stats()).unwrap_or_default()
     }
 
+    /// The address and UDP port this QP's packets leave from: the device's address, and
+    /// for RC and UC one of its source ports, which carry the flow's entropy as RoCEv2
+    /// asks (`SOFTRDMA_SOURCE_PORTS`; answers still go to the device's port).
+    pub fn source_addr(&self) -> std::net::SocketAddr {
+        self.engine.with_qp(self.qpn, |q| q.local_addr()).unwrap_or_else(|| self.engine.local())
+    }
+
     /// Attaches this UD QP to the multicast group `group` (`ibv_attach_mcast`, with the
     /// group as an IP address; [`crate::mcast::group_of_mgid`] converts an MGID): from now
     /// on it receives a copy of every datagram sent to the group's address at the device's

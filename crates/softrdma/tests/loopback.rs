@@ -755,3 +755,119 @@ fn datagrams_leave_with_the_tos_byte_their_address_vector_asks_for() {
         assert_eq!(recv_tos(&sink), tos, "send {i}: TOS {tos:#04x}");
     }
 }
+
+/// A datagram received with its source address and IP TOS byte.
+struct Caught {
+    bytes: Vec<u8>,
+    src: std::net::SocketAddr,
+    tos: u8,
+}
+
+/// Receives one datagram on `s` (with `IP_RECVTOS` on), or `None` after its read timeout.
+fn catch(s: &std::net::UdpSocket) -> Option<Caught> {
+    use std::os::fd::AsRawFd;
+    let mut buf = [0u8; 4096];
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: the header points at live buffers for the call; CMSG_* stay inside `control`;
+    // the kernel fills `name` with a sockaddr_in for this IPv4 socket.
+    unsafe {
+        let mut name: libc::sockaddr_in = std::mem::zeroed();
+        let mut h: libc::msghdr = std::mem::zeroed();
+        h.msg_name = (&mut name as *mut libc::sockaddr_in).cast();
+        h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as _;
+        h.msg_iov = &mut iov;
+        h.msg_iovlen = 1;
+        h.msg_control = control.as_mut_ptr().cast();
+        h.msg_controllen = std::mem::size_of_val(&control) as _;
+        let n = libc::recvmsg(s.as_raw_fd(), &mut h, 0);
+        if n <= 0 {
+            return None;
+        }
+        let mut tos = None;
+        let mut c = libc::CMSG_FIRSTHDR(&h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_TOS {
+                tos = Some(*libc::CMSG_DATA(c));
+            }
+            c = libc::CMSG_NXTHDR(&h, c);
+        }
+        let ip = std::net::Ipv4Addr::from(u32::from_be(name.sin_addr.s_addr));
+        let src = std::net::SocketAddr::from((ip, u16::from_be(name.sin_port)));
+        Some(Caught { bytes: buf[..n as usize].to_vec(), src, tos: tos.expect("no IP_TOS control message") })
+    }
+}
+
+#[test]
+fn rc_qps_send_from_udp_source_ports_of_their_own_and_ud_from_the_devices() {
+    // RoCEv2's flow entropy (IBTA Annex A17.3.1): RC QPs spread over the device's source
+    // ports, each QP on one for all its packets, each packet's ICRC computed over the port
+    // it leaves from, ECN-capable as from the device's socket; UD keeps the device's port,
+    // which UD answers are addressed to.
+    use softrdma::proto::wire::{icrc, Packet};
+    use std::collections::{HashMap, HashSet};
+    use std::os::fd::AsRawFd;
+    let sink = std::net::UdpSocket::bind("127.0.0.4:0").unwrap();
+    sink.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let on: libc::c_int = 1;
+    // SAFETY: a pointer to a live c_int and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            sink.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_RECVTOS,
+            (&on as *const libc::c_int).cast(),
+            4,
+        )
+    };
+    assert_eq!(r, 0);
+    let to = sink.local_addr().unwrap();
+    let c = ctx(6);
+    let device = c.local_addr();
+    let pd = c.alloc_pd();
+    let cq = c.create_cq(64, None).unwrap();
+    let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
+    let mut qps = Vec::new();
+    for i in 0..8u32 {
+        let p = pd.prepare_qp(&QpBuilder::rc(), &cq, &cq).unwrap();
+        let peer = softrdma::EndpointInfo { addr: to, qpn: 0x100 + i, psn: 0, mtu: 1024, region: None };
+        let qp = p.handshake(&peer, &softrdma::ConnectOptions::default()).unwrap();
+        send8(&qp, &mr, u64::from(i));
+        qps.push(qp);
+    }
+    let qkey = softrdma::Qkey(0x1111);
+    let ud = pd.prepare_qp(&QpBuilder::ud(qkey), &cq, &cq).unwrap().ready().unwrap();
+    let dest = pd.create_ah(&softrdma::AhAttr::to_socket(to)).unwrap().dest(softrdma::Qpn::new(0x200), qkey);
+    ud.post_send(SendWr {
+        wr_id: 99,
+        op: SendOp::Send,
+        sg_list: softrdma::sgl![mr.sge(0, 8).unwrap()],
+        flags: signaled(),
+        ud: Some(dest),
+    })
+    .unwrap();
+    // Every request, and the resends the missing ACKs draw, for a moment.
+    let mut ports: HashMap<u32, HashSet<u16>> = HashMap::new();
+    let until = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < until || ports.len() < 9 {
+        let Some(got) = catch(&sink) else { break };
+        let p = Packet::new_checked(&got.bytes[..]).unwrap();
+        assert!(icrc::verify(&icrc::Encap::new(got.src, to).unwrap(), &got.bytes), "ICRC over {}", got.src);
+        let qpn = p.bth().dest_qp().get();
+        assert_eq!(got.src.ip(), device.ip());
+        if qpn != 0x200 {
+            assert_eq!(got.tos, 0b10, "an RC request is ECN-capable, ECT(0)");
+        }
+        ports.entry(qpn).or_default().insert(got.src.port());
+    }
+    assert_eq!(ports.len(), 9, "a datagram from every QP: {ports:?}");
+    assert_eq!(ports[&0x200], HashSet::from([device.port()]), "UD from the device's port");
+    let rc: HashSet<u16> = (0..8).flat_map(|i| ports[&(0x100 + i)].iter().copied()).collect();
+    for (i, qp) in (0..8).zip(&qps) {
+        let mine = HashSet::from([qp.source_addr().port()]);
+        assert_eq!(ports[&(0x100 + i)], mine, "QP {i} keeps the port it says it sends from");
+    }
+    assert_eq!(ud.source_addr(), device);
+    assert!(!rc.contains(&device.port()), "RC from source ports, not the device's: {rc:?}");
+    assert!(rc.len() >= 2, "eight QPs over eight ports share one: {rc:?}");
+}

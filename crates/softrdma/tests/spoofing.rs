@@ -277,16 +277,18 @@ fn attack(targets: [Target; 2], stop: &AtomicBool) -> Sent {
 fn a_million_forged_packets_break_nothing() {
     let (a, b) = connect();
     round(&a, &b, 0);
+    // The peer's address and the port its QP sends from (one of its device's source
+    // ports), which the victim latched.
     let targets = [
         Target {
-            peer: b.ctx.local_addr(),
+            peer: b.qp.source_addr(),
             victim: a.ctx.local_addr(),
             qpn: a.qp.qpn().get(),
             sq_start: a.start_psn.get(),
             rq_start: b.start_psn.get(),
         },
         Target {
-            peer: a.ctx.local_addr(),
+            peer: a.qp.source_addr(),
             victim: b.ctx.local_addr(),
             qpn: b.qp.qpn().get(),
             sq_start: b.start_psn.get(),

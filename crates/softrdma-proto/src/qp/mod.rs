@@ -143,6 +143,9 @@ pub const TAIL_ROOM: usize = 3 + ICRC_LEN + crate::wire::bundle::BUNDLED_ACK_LEN
 /// A packet ready to go: headers in the caller's buffer, payload in registered memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transmit {
+    /// The address and UDP port it leaves from: the QP's (see
+    /// [`crate::endpoint::Endpoint::set_source_ports`]); the ICRC covers both.
+    pub src: SocketAddr,
     /// Destination address (port 4791 unless configured otherwise).
     pub dst: SocketAddr,
     /// Bytes at the start of the caller's buffer: BTH, extension headers and any inline
@@ -461,6 +464,10 @@ impl QueuePair {
     /// The QP type.
     pub fn qp_type(&self) -> QpType {
         self.cfg.qp_type
+    }
+    /// The local address and UDP port the QP's packets leave from.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.cfg.local
     }
     /// The current state.
     pub fn state(&self) -> QpState {
@@ -1176,6 +1183,7 @@ impl QueuePair {
         h.update(&tail[..tail_pad]);
         tail[tail_pad..tail_pad + ICRC_LEN].copy_from_slice(&h.finish().to_le_bytes());
         Ok(Transmit {
+            src: self.cfg.local,
             dst,
             head_len,
             payload,
