@@ -690,10 +690,13 @@ impl Endpoint {
                 // does a QP that has sent fewer than BURST packets in a row, so that each
                 // QP's packets leave as trains of their own (a receiver with shards steers
                 // a train by its first packet's QP), and QPs still take turns by the burst.
-                // Unsharded, QPs take turns packet by packet, and their packets to one
-                // peer share trains.
+                // So does a QP on an endpoint whose QPs send from several source ports
+                // (see `set_source_ports`): packets from different ports cannot share a
+                // train, and QPs that took turns packet by packet would each send one
+                // datagram per system call. Otherwise QPs take turns packet by packet, and
+                // their packets to one peer share trains.
                 self.burst = if self.burst.0 == qpn { (qpn, self.burst.1 + 1) } else { (qpn, 1) };
-                let burst = if self.qpn_shard.1 > 1 { BURST } else { 1 };
+                let burst = if self.qpn_shard.1 > 1 || self.source_ports.len() > 1 { BURST } else { 1 };
                 if slot.qp.take_ack_follows() || self.burst.1 < burst {
                     self.ready.push_front(qpn);
                 } else {

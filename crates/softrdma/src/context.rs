@@ -95,6 +95,9 @@ static EXIT_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::ne
 struct Shards {
     count: usize,
     steer: bool,
+    /// UDP source ports for RC and UC QPs, all shards together (see
+    /// [`Context::open_source_ports`]); `None`: `SOFTRDMA_SOURCE_PORTS`, or one per shard.
+    source_ports: Option<usize>,
 }
 
 /// An opened device (`ibv_context`).
@@ -131,7 +134,11 @@ impl Context {
     /// `port` (0 picks one). For callers that edit a device's description first (see
     /// [`Device::with_gid0`]).
     pub fn open_device(device: Device, port: u16) -> Result<Context> {
-        Context::open_with(device, port, Shards { count: crate::device::shards_env(), steer: true })
+        Context::open_with(
+            device,
+            port,
+            Shards { count: crate::device::shards_env(), steer: true, source_ports: None },
+        )
     }
 
     /// Opens the device of `addr` on UDP `port` (0 picks one) with `shards` shards: engines
@@ -144,7 +151,29 @@ impl Context {
     /// otherwise. Opening an address this process has open already returns that context,
     /// whatever its shards.
     pub fn open_sharded(addr: IpAddr, port: u16, shards: usize) -> Result<Context> {
-        Context::open_shards(addr, port, Shards { count: shards, steer: true })
+        Context::open_shards(addr, port, Shards { count: shards, steer: true, source_ports: None })
+    }
+
+    /// [`Context::open_sharded`] whose RC and UC QPs send from `source_ports` UDP ports of
+    /// their own (at most 64, shared out among the shards, one each at least; 0: from the
+    /// device's port), picked by a hash of the QP number: RoCEv2's flow entropy (IBTA Annex
+    /// A17.3.1), which switches and a receiving NIC hash to spread QPs over paths and
+    /// receive queues, as Linux rxe and RoCE NICs give each QP a port of its own. Answers
+    /// still come to the device's port. Without this call, `SOFTRDMA_SOURCE_PORTS` sets the
+    /// number, and a sharded device sends from one port per shard, an unsharded one from
+    /// its own port: QPs on different ports cannot share a GSO train or a `sendmmsg` call,
+    /// which costs an unsharded device with many busy QPs (see the README's "Source
+    /// ports").
+    pub fn open_source_ports(addr: IpAddr, port: u16, shards: usize, source_ports: usize) -> Result<Context> {
+        Context::open_shards(
+            addr,
+            port,
+            Shards {
+                count: shards,
+                steer: true,
+                source_ports: Some(source_ports.min(crate::device::MAX_SOURCE_PORTS)),
+            },
+        )
     }
 
     /// [`Context::open_sharded`] without the kernel's steering program: the kernel spreads
@@ -153,7 +182,7 @@ impl Context {
     /// takes the same path).
     #[doc(hidden)]
     pub fn open_sharded_unsteered(addr: IpAddr, port: u16, shards: usize) -> Result<Context> {
-        Context::open_shards(addr, port, Shards { count: shards, steer: false })
+        Context::open_shards(addr, port, Shards { count: shards, steer: false, source_ports: None })
     }
 
     fn open_shards(addr: IpAddr, port: u16, shards: Shards) -> Result<Context> {
@@ -191,7 +220,11 @@ impl Context {
             }
         };
         let mut links = bind_after_close(want, closing, shards)?;
-        let ports = crate::device::source_ports_env();
+        let ports =
+            shards.source_ports.or_else(crate::device::source_ports_env).unwrap_or(match links.len() {
+                1 => 0,
+                n => n,
+            });
         if ports > 0 {
             let each = ports.div_ceil(links.len());
             for link in &mut links {

@@ -405,21 +405,17 @@ pub(crate) fn shards_env() -> usize {
 
 /// `SOFTRDMA_SOURCE_PORTS`: how many UDP source ports a device opened on UDP spreads its
 /// RC and UC QPs over (see `Endpoint::set_source_ports`), shared out among its shards (one
-/// each at least); 0 sends everything from the device's own port. 8 unless set, at most
-/// [`MAX_SOURCE_PORTS`].
-pub(crate) fn source_ports_env() -> usize {
+/// each at least); 0 sends everything from the device's own port; at most
+/// [`MAX_SOURCE_PORTS`]. `None` when unset or not a number: one per shard of a sharded
+/// device, none for an unsharded one.
+pub(crate) fn source_ports_env() -> Option<usize> {
     source_ports_from(std::env::var("SOFTRDMA_SOURCE_PORTS").ok().as_deref())
 }
 
-fn source_ports_from(v: Option<&str>) -> usize {
-    match v.map(str::trim) {
-        None | Some("") => DEFAULT_SOURCE_PORTS,
-        Some(v) => v.parse::<usize>().map_or(DEFAULT_SOURCE_PORTS, |n| n.min(MAX_SOURCE_PORTS)),
-    }
+fn source_ports_from(v: Option<&str>) -> Option<usize> {
+    v?.trim().parse::<usize>().ok().map(|n| n.min(MAX_SOURCE_PORTS))
 }
 
-/// Source ports per device unless `SOFTRDMA_SOURCE_PORTS` says otherwise.
-const DEFAULT_SOURCE_PORTS: usize = 8;
 /// The most source ports a device opens.
 pub(crate) const MAX_SOURCE_PORTS: usize = 64;
 
@@ -436,12 +432,13 @@ fn auto_shards(cores: usize) -> usize {
 #[cfg(test)]
 mod shard_tests {
     #[test]
-    fn source_ports_default_to_eight_and_zero_turns_them_off() {
-        let got: Vec<usize> = [None, Some(""), Some("0"), Some("3"), Some(" 16 "), Some("1000"), Some("x")]
-            .iter()
-            .map(|v| super::source_ports_from(*v))
-            .collect();
-        assert_eq!(got, [8, 8, 0, 3, 16, 64, 8]);
+    fn source_ports_are_a_number_up_to_64_or_the_default() {
+        let got: Vec<Option<usize>> =
+            [None, Some(""), Some("0"), Some("3"), Some(" 16 "), Some("1000"), Some("x")]
+                .iter()
+                .map(|v| super::source_ports_from(*v))
+                .collect();
+        assert_eq!(got, [None, None, Some(0), Some(3), Some(16), Some(64), None]);
     }
 
     #[test]

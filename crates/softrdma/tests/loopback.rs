@@ -800,8 +800,8 @@ fn catch(s: &std::net::UdpSocket) -> Option<Caught> {
 
 #[test]
 fn rc_qps_send_from_udp_source_ports_of_their_own_and_ud_from_the_devices() {
-    // RoCEv2's flow entropy (IBTA Annex A17.3.1): RC QPs spread over the device's source
-    // ports, each QP on one for all its packets, each packet's ICRC computed over the port
+    // RoCEv2's flow entropy (IBTA Annex A17.3.1): RC QPs of a device opened with 8 source
+    // ports spread over them, each QP on one for all its packets, each packet's ICRC computed over the port
     // it leaves from, ECN-capable as from the device's socket; UD keeps the device's port,
     // which UD answers are addressed to.
     use softrdma::proto::wire::{icrc, Packet};
@@ -822,7 +822,7 @@ fn rc_qps_send_from_udp_source_ports_of_their_own_and_ud_from_the_devices() {
     };
     assert_eq!(r, 0);
     let to = sink.local_addr().unwrap();
-    let c = ctx(6);
+    let c = softrdma::Context::open_source_ports(IpAddr::from([127, 0, 0, 6]), 0, 1, 8).unwrap();
     let device = c.local_addr();
     let pd = c.alloc_pd();
     let cq = c.create_cq(64, None).unwrap();

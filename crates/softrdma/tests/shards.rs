@@ -119,6 +119,23 @@ fn qps_spread_over_the_shards_and_every_operation_lands() {
     low_bits.sort_unstable();
     low_bits.dedup();
     assert_eq!(low_bits, (0..SHARDS as u32).collect::<Vec<_>>(), "QPs in turn over the shards");
+    // Each shard sends from a UDP source port of its own (RoCEv2's flow entropy), which its
+    // QPs share; answers come to the device's port.
+    for (side, c) in [&a, &b].into_iter().enumerate() {
+        let mut by_shard = std::collections::BTreeMap::new();
+        for pair in &p.qps {
+            let qp = &pair[side];
+            let port = qp.source_addr().port();
+            assert_eq!(qp.source_addr().ip(), c.local_addr().ip());
+            assert_ne!(port, c.local_addr().port(), "a shard's QPs send from its source port");
+            let shard = qp.qpn().get() % SHARDS as u32;
+            assert_eq!(*by_shard.entry(shard).or_insert(port), port, "one port per shard");
+        }
+        let mut ports: Vec<u16> = by_shard.values().copied().collect();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), SHARDS, "a port per shard: {by_shard:?}");
+    }
     exercise(&p);
     for c in [&a, &b] {
         assert!(every_shard_received(c), "{:?}", c.shard_io_stats());
