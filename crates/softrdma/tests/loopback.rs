@@ -688,37 +688,15 @@ fn a_process_that_exits_at_once_still_acknowledges_its_last_message() {
 /// Receives one datagram on `s` (with `IP_RECVTOS` on) and returns the IP TOS byte it
 /// arrived with.
 fn recv_tos(s: &std::net::UdpSocket) -> u8 {
-    use std::os::fd::AsRawFd;
-    let mut buf = [0u8; 2048];
-    let mut control = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // SAFETY: the header points at live buffers for the call; CMSG_* stay inside `control`.
-    unsafe {
-        let mut h: libc::msghdr = std::mem::zeroed();
-        h.msg_iov = &mut iov;
-        h.msg_iovlen = 1;
-        h.msg_control = control.as_mut_ptr().cast();
-        h.msg_controllen = std::mem::size_of_val(&control) as _;
-        assert!(libc::recvmsg(s.as_raw_fd(), &mut h, 0) > 0, "recvmsg: {}", std::io::Error::last_os_error());
-        let mut c = libc::CMSG_FIRSTHDR(&h);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_TOS {
-                return *libc::CMSG_DATA(c);
-            }
-            c = libc::CMSG_NXTHDR(&h, c);
-        }
-    }
-    panic!("no IP_TOS control message");
+    catch(s).expect("a datagram").tos
 }
 
-#[test]
-fn datagrams_leave_with_the_tos_byte_their_address_vector_asks_for() {
-    // A device's socket sends ECN-capable datagrams (ECT(0)), the bulk of its traffic, by
-    // default, and any other TOS byte by asking for it datagram by datagram: a UD send
-    // takes its address vector's traffic class as it is.
+/// A plain socket on 127.0.0.4 that reports each datagram's TOS byte (`IP_RECVTOS`), whose
+/// receives give up after `timeout`.
+fn tos_sink(timeout: Duration) -> std::net::UdpSocket {
     use std::os::fd::AsRawFd;
     let sink = std::net::UdpSocket::bind("127.0.0.4:0").unwrap();
-    sink.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    sink.set_read_timeout(Some(timeout)).unwrap();
     let on: libc::c_int = 1;
     // SAFETY: a pointer to a live c_int and its size.
     let r = unsafe {
@@ -731,6 +709,15 @@ fn datagrams_leave_with_the_tos_byte_their_address_vector_asks_for() {
         )
     };
     assert_eq!(r, 0);
+    sink
+}
+
+#[test]
+fn datagrams_leave_with_the_tos_byte_their_address_vector_asks_for() {
+    // A device's socket sends ECN-capable datagrams (ECT(0)), the bulk of its traffic, by
+    // default, and any other TOS byte by asking for it datagram by datagram: a UD send
+    // takes its address vector's traffic class as it is.
+    let sink = tos_sink(Duration::from_secs(10));
     let c = ctx(5);
     let pd = c.alloc_pd();
     let cq = c.create_cq(16, None).unwrap();
@@ -806,21 +793,7 @@ fn rc_qps_send_from_udp_source_ports_of_their_own_and_ud_from_the_devices() {
     // which UD answers are addressed to.
     use softrdma::proto::wire::{icrc, Packet};
     use std::collections::{HashMap, HashSet};
-    use std::os::fd::AsRawFd;
-    let sink = std::net::UdpSocket::bind("127.0.0.4:0").unwrap();
-    sink.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
-    let on: libc::c_int = 1;
-    // SAFETY: a pointer to a live c_int and its size.
-    let r = unsafe {
-        libc::setsockopt(
-            sink.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_RECVTOS,
-            (&on as *const libc::c_int).cast(),
-            4,
-        )
-    };
-    assert_eq!(r, 0);
+    let sink = tos_sink(Duration::from_millis(500));
     let to = sink.local_addr().unwrap();
     let c = softrdma::Context::open_source_ports(IpAddr::from([127, 0, 0, 6]), 0, 1, 8).unwrap();
     let device = c.local_addr();
