@@ -36,12 +36,12 @@ run() {
     timeout 120 "${on_host[@]}" $hargs >"$hlog" 2>&1 &
     local hpid=$!
     sleep 1
-    "$lab/run-in-vm.sh" -t 120 B "$vargs" >"$vlog" 2>&1
+    "$lab/run-in-vm.sh" -t 120 B "stdbuf -oL -eL $vargs" >"$vlog" 2>&1
     vrc=$?
     wait $hpid
     hrc=$?
   else
-    "$lab/run-in-vm.sh" -t 120 B "$vargs" >"$vlog" 2>&1 &
+    "$lab/run-in-vm.sh" -t 120 B "stdbuf -oL -eL $vargs" >"$vlog" 2>&1 &
     local vpid=$!
     sleep 4
     # shellcheck disable=SC2086
