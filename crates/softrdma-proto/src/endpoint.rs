@@ -620,7 +620,7 @@ impl Endpoint {
             let Ok(len) = repr.emit(buf, &mad, &encap) else { continue };
             self.gsi_psn = (self.gsi_psn + 1) & crate::MASK_24;
             return Some(Transmit {
-                src: self.local,
+                src_port: self.local.port(),
                 dst,
                 head_len: len,
                 payload: crate::memory::Segments::Empty,

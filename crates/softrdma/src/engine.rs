@@ -1572,6 +1572,7 @@ impl Engine {
     /// [`Self::flush`] at `now`.
     fn flush_at(&self, core: &mut Core, now: Duration) {
         self.deferred.store(0, Ordering::Relaxed);
+        let local = self.local;
         if core.endpoint.cm().is_some() {
             self.cm_pump(core);
         }
@@ -1598,11 +1599,11 @@ impl Engine {
                 let joins = gso
                     && !t.alone
                     && matches!(train, Some((flow, size, segs, bytes, true))
-                        if flow == (t.src.port(), t.dst, t.tos, qpn) && len <= size && segs < GSO_MAX_SEGS && bytes + len <= GSO_MAX_BYTES);
+                        if flow == (t.src_port, t.dst, t.tos, qpn) && len <= size && segs < GSO_MAX_SEGS && bytes + len <= GSO_MAX_BYTES);
                 if !joins {
                     let iov = iov_pool.pop().unwrap_or_else(|| crate::sys::EmptyIovs::with_capacity(8));
-                    msgs.push(OutMsg::with_iov(t.src, t.dst, t.tos, iov));
-                    train = Some(((t.src.port(), t.dst, t.tos, qpn), len, 0, 0, !t.alone));
+                    msgs.push(OutMsg::with_iov(SocketAddr::new(local.ip(), t.src_port), t.dst, t.tos, iov));
+                    train = Some(((t.src_port, t.dst, t.tos, qpn), len, 0, 0, !t.alone));
                 }
                 let (Some(msg), Some(tr)) = (msgs.last_mut(), train.as_mut()) else { break };
                 tr.2 += 1;

@@ -143,9 +143,9 @@ pub const TAIL_ROOM: usize = 3 + ICRC_LEN + crate::wire::bundle::BUNDLED_ACK_LEN
 /// A packet ready to go: headers in the caller's buffer, payload in registered memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transmit {
-    /// The address and UDP port it leaves from: the QP's (see
-    /// [`crate::endpoint::Endpoint::set_source_ports`]); the ICRC covers both.
-    pub src: SocketAddr,
+    /// The UDP port it leaves from, on the endpoint's address: the QP's (see
+    /// [`crate::endpoint::Endpoint::set_source_ports`]); the ICRC covers it.
+    pub src_port: u16,
     /// Destination address (port 4791 unless configured otherwise).
     pub dst: SocketAddr,
     /// Bytes at the start of the caller's buffer: BTH, extension headers and any inline
@@ -1183,7 +1183,7 @@ impl QueuePair {
         h.update(&tail[..tail_pad]);
         tail[tail_pad..tail_pad + ICRC_LEN].copy_from_slice(&h.finish().to_le_bytes());
         Ok(Transmit {
-            src: self.cfg.local,
+            src_port: self.cfg.local.port(),
             dst,
             head_len,
             payload,
