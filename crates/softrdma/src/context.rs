@@ -163,7 +163,8 @@ impl Context {
     /// number, and a sharded device sends from one port per shard, an unsharded one from
     /// its own port: QPs on different ports cannot share a GSO train or a `sendmmsg` call,
     /// which costs an unsharded device with many busy QPs (see the README's "Source
-    /// ports").
+    /// ports"). Opening an address this process has open already returns that context,
+    /// whatever its shards and source ports.
     pub fn open_source_ports(addr: IpAddr, port: u16, shards: usize, source_ports: usize) -> Result<Context> {
         Context::open_shards(
             addr,

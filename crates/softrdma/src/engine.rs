@@ -1585,11 +1585,19 @@ impl Engine {
             // ((destination, TOS), segment size, segments, bytes, still open) of the last
             // message.
             let mut train: Option<Train> = None;
-            // Where the next packet goes in `slots`: right after the last one.
+            // Where the next packet goes in `slots`: right after the last one. Every packet
+            // is reached through `base`, so that an iovec merged over several packets
+            // points into one allocation through one pointer; `slots` itself is not
+            // touched again until the send is over.
+            let (base, room) = (slots.as_mut_ptr(), slots.len());
             let mut at = 0;
-            while at + ROOM <= slots.len() {
-                let buf = &mut slots[at..at + ROOM];
+            let mut built = 0;
+            while built < BATCH && at + ROOM <= room {
+                // SAFETY: [at, at + ROOM) lies inside `slots` (checked above), and no other
+                // live reference covers it: earlier packets lie below `at`.
+                let buf = unsafe { std::slice::from_raw_parts_mut(base.add(at), ROOM) };
                 let Some(t) = endpoint.poll_transmit(now, buf, mem) else { break };
+                built += 1;
                 stage!(PacketBuilt);
                 let len = t.len();
                 let qpn = match buf.get(5..8) {
@@ -1619,8 +1627,10 @@ impl Engine {
                 // the packet extends its train's iovec. Segments left in memory (a packet
                 // too big for `ROOM`) go as iovecs of their own, the tail after the head,
                 // and end the train (a message holds at most `IOV_MAX` iovecs).
-                let head = buf.as_mut_ptr();
                 let mut end = t.head_len;
+                buf[end..end + t.tail_len].copy_from_slice(&t.tail[..t.tail_len]);
+                // SAFETY (both): offsets inside this packet's ROOM of `slots`.
+                let (head, tail) = unsafe { (base.add(at), base.add(at + end)) };
                 if !t.payload.is_empty() {
                     tr.4 = false;
                     msg.push_iov(head, end);
@@ -1628,13 +1638,10 @@ impl Engine {
                         let Some((ptr, n)) = mem.raw(t.pd, seg) else { continue };
                         msg.iov.push(libc::iovec { iov_base: ptr as *mut libc::c_void, iov_len: n });
                     }
-                    buf[end..end + t.tail_len].copy_from_slice(&t.tail[..t.tail_len]);
-                    msg.iov
-                        .push(libc::iovec { iov_base: buf[end..].as_mut_ptr().cast(), iov_len: t.tail_len });
+                    msg.iov.push(libc::iovec { iov_base: tail.cast(), iov_len: t.tail_len });
                     at += end + t.tail_len;
                     continue;
                 }
-                buf[end..end + t.tail_len].copy_from_slice(&t.tail[..t.tail_len]);
                 end += t.tail_len;
                 msg.push_iov(head, end);
                 at += end;

@@ -220,6 +220,9 @@ impl UdpLink {
             if let Some((s, _)) = self.sources.iter().find(|(_, p)| *p == src.port()) {
                 return (s.as_raw_fd(), self.tos);
             }
+            // The endpoint's source ports are this link's (`Engine::new_shard`): a packet
+            // from any other would carry an ICRC over a port it does not leave from.
+            debug_assert!(false, "no socket of this link sends from port {}", src.port());
         }
         match self.sockets.iter().position(|(_, l)| l.ip() == src.ip()) {
             // Group sockets keep the kernel's default TOS.

@@ -188,8 +188,9 @@ fn ops(out: &[Out]) -> Vec<(Operation, u32)> {
 
 #[test]
 fn a_packet_is_built_whole_where_the_buffer_holds_it_and_its_tail_with_the_same_bytes() {
-    // The same SEND (a full 1024-byte packet, then a 300-byte one) built into a buffer
-    // that holds it with its tail, and into one that holds only the headers.
+    // The same SEND (a full 1024-byte packet, then a 301-byte one and its 3 pad bytes)
+    // built into a buffer that holds it with its tail, and into one that holds only the
+    // headers.
     let mut whole = T::new(QpType::Rc);
     let mut split = T::new(QpType::Rc);
     split.buf = vec![0; 64];
@@ -197,7 +198,7 @@ fn a_packet_is_built_whole_where_the_buffer_holds_it_and_its_tail_with_the_same_
     // Room for the packet but not its tail: the payload stays in memory.
     room.buf = vec![0; 12 + 1024 + 8];
     for t in [&mut whole, &mut split, &mut room] {
-        t.post(1, SendOp::Send, 100, 1324);
+        t.post(1, SendOp::Send, 100, 1325);
     }
     for first in [true, false] {
         let a = whole.qp.poll_transmit(whole.now, &mut whole.buf, &whole.mem).unwrap();
@@ -211,7 +212,9 @@ fn a_packet_is_built_whole_where_the_buffer_holds_it_and_its_tail_with_the_same_
         assert_eq!(bytes, b.assemble(&split.buf, &split.mem));
         assert_eq!(bytes, c.assemble(&room.buf, &room.mem));
         assert_eq!(a.head_len + a.tail_len, bytes.len());
-        Packet::new_checked(&bytes[..]).unwrap();
+        let p = Packet::new_checked(&bytes[..]).unwrap();
+        assert_eq!(p.payload().len(), if first { 1024 } else { 301 });
+        assert_eq!(p.payload(), &whole.bytes()[if first { 100..1124 } else { 1124..1425 }]);
         assert!(icrc::verify(&icrc::Encap::new(me(), peer()).unwrap(), &bytes), "the ICRC covers the copy");
     }
 }

@@ -145,7 +145,8 @@ impl Sim {
             for _ in 0..self.burst {
                 let Some(t) = node.endpoint.poll_transmit(self.now, &mut self.buf, &node.mem) else { break };
                 let bytes = t.assemble(&self.buf, &node.mem);
-                self.net.send_tos(self.now, node.endpoint.local(), t.dst, t.tos, bytes);
+                let src = SocketAddr::new(node.endpoint.local().ip(), t.src_port);
+                self.net.send_tos(self.now, src, t.dst, t.tos, bytes);
                 busy = true;
             }
         }
