@@ -226,11 +226,9 @@ impl Context {
                 1 => 0,
                 n => n,
             });
-        if ports > 0 {
-            let each = ports.div_ceil(links.len());
-            for link in &mut links {
-                link.add_source_ports(each);
-            }
+        let each = ports.div_ceil(links.len());
+        for link in &mut links {
+            link.add_source_ports(each);
         }
         let local = links[0].local();
         let sockets = links[0].open_guard();

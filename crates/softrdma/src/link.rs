@@ -214,7 +214,9 @@ impl UdpLink {
         self.sources.len()
     }
 
-    /// The socket `src` leaves from: a source port's, a group's, or the device's.
+    /// The socket `src` leaves from, and its default TOS byte: a source port's, or the
+    /// device's (every datagram leaves from the device's address; group sockets only
+    /// receive).
     fn socket_for(&self, src: SocketAddr) -> (RawFd, u8) {
         if src.port() != self.sockets[0].1.port() {
             if let Some((s, _)) = self.sources.iter().find(|(_, p)| *p == src.port()) {
@@ -224,11 +226,7 @@ impl UdpLink {
             // from any other would carry an ICRC over a port it does not leave from.
             debug_assert!(false, "no socket of this link sends from port {}", src.port());
         }
-        match self.sockets.iter().position(|(_, l)| l.ip() == src.ip()) {
-            // Group sockets keep the kernel's default TOS.
-            Some(k) if k > 0 => (self.sockets[k].0.as_raw_fd(), 0),
-            _ => (self.sockets[0].0.as_raw_fd(), self.tos),
-        }
+        (self.sockets[0].0.as_raw_fd(), self.tos)
     }
 }
 
