@@ -1582,8 +1582,7 @@ impl Engine {
             let gso = link.gso();
             let sharded = self.sharding.count > 1;
             iov_pool.extend(msgs.drain(..).map(OutMsg::into_iov));
-            // ((destination, TOS), segment size, segments, bytes, still open) of the last
-            // message.
+            // The last message's train (see `Train`).
             let mut train: Option<Train> = None;
             // Where the next packet goes in `slots`: right after the last one. Every packet
             // is reached through `base`, so that an iovec merged over several packets

@@ -202,16 +202,15 @@ impl UdpLink {
     /// Opens `n` send-only sockets on the device's address, each on a port the kernel
     /// picks, for the QPs' source ports (RoCEv2's flow entropy: see
     /// `Endpoint::set_source_ports`). Nothing is sent to them (answers go to the device's
-    /// port), so they are never read, and keep the smallest receive buffer. Returns how
-    /// many were opened: a port the kernel cannot give is left out.
-    pub(crate) fn add_source_ports(&mut self, n: usize) -> usize {
+    /// port), so they are never read, and keep the smallest receive buffer. A port the
+    /// kernel cannot give is left out (with none, QPs send from the device's port).
+    pub(crate) fn add_source_ports(&mut self, n: usize) {
         let ip = self.sockets[0].1.ip();
         for _ in 0..n {
             let Ok(s) = bind_source(SocketAddr::new(ip, 0), self.tos) else { break };
             let Ok(port) = s.local_addr().map(|a| a.port()) else { break };
             self.sources.push((s, port));
         }
-        self.sources.len()
     }
 
     /// The socket `src` leaves from, and its default TOS byte: a source port's, or the
@@ -322,25 +321,34 @@ impl Link for UdpLink {
     }
 }
 
-/// A send-only socket on `addr` for a source port: the device socket's options for what
-/// it sends (don't fragment, the default TOS byte `tos`, the send buffer), none for
-/// receiving.
-fn bind_source(addr: SocketAddr, tos: u8) -> Result<UdpSocket> {
+/// A UDP socket for `addr`'s family with what every socket a device sends from needs: don't
+/// fragment, IPv6 only for an IPv6 address, a send buffer of 8 MiB, non-blocking. Not bound.
+fn sending_socket(addr: SocketAddr) -> Result<socket2::Socket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
     let s = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
     let fd = s.as_raw_fd();
     if addr.is_ipv4() {
         sys::setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO);
-        s.set_tos(u32::from(tos))?;
     } else {
         sys::setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IP_PMTUDISC_DO);
         let _ = s.set_only_v6(true);
-        s.set_tclass_v6(u32::from(tos))?;
     }
     let _ = s.set_send_buffer_size(8 << 20);
-    let _ = s.set_recv_buffer_size(0);
     s.set_nonblocking(true)?;
+    Ok(s)
+}
+
+/// A send-only socket on `addr` for a source port: a device socket's sending options with
+/// its default TOS byte `tos`, and the smallest receive buffer.
+fn bind_source(addr: SocketAddr, tos: u8) -> Result<UdpSocket> {
+    let s = sending_socket(addr)?;
+    if addr.is_ipv4() {
+        s.set_tos(u32::from(tos))?;
+    } else {
+        s.set_tclass_v6(u32::from(tos))?;
+    }
+    let _ = s.set_recv_buffer_size(0);
     s.bind(&addr.into())?;
     Ok(s.into())
 }
@@ -412,19 +420,13 @@ fn grow_recv_buffer(s: &socket2::Socket) {
 /// With `reuseport`, the socket joins the `SO_REUSEPORT` group on `addr` (a sharded
 /// device's).
 fn bind(addr: SocketAddr, reuseport: bool) -> Result<UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
-    let s = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
+    let s = sending_socket(addr)?;
     let fd = s.as_raw_fd();
     if reuseport {
         s.set_reuse_port(true)?;
     }
-    if addr.is_ipv4() {
-        sys::setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO);
-    } else {
-        sys::setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IP_PMTUDISC_DO);
+    if addr.is_ipv6() {
         sys::setsockopt_int(fd, libc::IPPROTO_UDP, 102 /* UDP_NO_CHECK6_RX */, 1);
-        let _ = s.set_only_v6(true);
     }
     // A datagram that reaches a socket bound to one unicast address was sent to that
     // address; a wildcard socket asks for each datagram's.
@@ -433,8 +435,6 @@ fn bind(addr: SocketAddr, reuseport: bool) -> Result<UdpSocket> {
         sys::enable_gro(fd);
     }
     grow_recv_buffer(&s);
-    let _ = s.set_send_buffer_size(8 << 20);
-    s.set_nonblocking(true)?;
     match s.bind(&addr.into()) {
         Ok(()) => Ok(s.into()),
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(Error::AddressInUse { addr }),

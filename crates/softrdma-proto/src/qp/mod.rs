@@ -140,7 +140,8 @@ pub enum PostError {
 /// Room for a [`Transmit`]'s tail: pad (3 at most), ICRC, and a bundled ACK.
 pub const TAIL_ROOM: usize = 3 + ICRC_LEN + crate::wire::bundle::BUNDLED_ACK_LEN;
 
-/// A packet ready to go: headers in the caller's buffer, payload in registered memory.
+/// A packet ready to go: its head in the caller's buffer (headers, and the payload when
+/// the buffer held it), any payload left in registered memory, then the tail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transmit {
     /// The UDP port it leaves from, on the endpoint's address: the QP's (see
@@ -303,14 +304,10 @@ impl ReadRepair {
     fn was_asked(&self, i: u32) -> bool {
         self.bit(i).is_some_and(|k| self.asked.get(k))
     }
-    /// Records response `i` as arrived; false if it lies past the window.
-    fn see(&mut self, i: u32) -> bool {
-        match self.bit(i) {
-            Some(k) => {
-                self.seen.set(k);
-                true
-            }
-            None => i < self.base,
+    /// Records response `i` as arrived (one outside the window is not recorded).
+    fn see(&mut self, i: u32) {
+        if let Some(k) = self.bit(i) {
+            self.seen.set(k);
         }
     }
     /// Records response `i` as asked for again.
@@ -1135,9 +1132,9 @@ impl QueuePair {
         mem: &dyn Memory,
     ) -> Result<Transmit, crate::memory::MemError> {
         let seg_len: usize = payload.iter().map(|s| s.len as usize).sum();
-        let total = head_len + seg_len + pad + ICRC_LEN;
-        let encap = icrc::Encap::new(self.cfg.local, dst).ok_or(crate::memory::MemError::BadKey)?;
         let whole = head_len + seg_len + pad;
+        let total = whole + ICRC_LEN;
+        let encap = icrc::Encap::new(self.cfg.local, dst).ok_or(crate::memory::MemError::BadKey)?;
         let inline = whole <= buf.len()
             && (head_len.saturating_sub(12) + seg_len + pad <= SMALL_INLINE
                 || whole + TAIL_ROOM <= buf.len());
