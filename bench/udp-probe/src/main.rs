@@ -5,10 +5,12 @@
 //! - `pingpong N SIZE`: SIZE-byte datagram ping-pong, N round trips; prints the median
 //!   one-way latency in µs (half the round trip). Both sides busy-poll non-blocking
 //!   sockets, as softrdma's busy-poll mode does, so the two compare like for like;
-//! - `pingpong-mmsg N SIZE`: the busy-polled ping-pong with softrdma's system calls
-//!   (`sendmmsg` with a destination, three iovecs and a TOS control message; `recvmmsg`
-//!   of a 32-buffer batch with `IP_PKTINFO`, `IP_RECVTOS` and GRO on): what the shape of
-//!   those calls costs, before any user-space work;
+//! - `pingpong-mmsg N SIZE [WITHOUT]`: the busy-polled ping-pong with softrdma's system
+//!   calls (`sendmmsg` of one iovec to a destination; `recvmmsg` with `IP_RECVTOS` and GRO
+//!   on, offered as many buffers as the last call found): what the shape of those calls
+//!   costs, before any user-space work. WITHOUT takes options away to price each, a
+//!   comma-separated list of `gro`, `recvtos`, `name` (connected sockets), `mmsg` (plain
+//!   `send` and `recv`);
 //! - `pingpong-wait N SIZE`: the same with blocking sockets: each side sleeps in `recv`
 //!   until the datagram comes, the floor of any event-driven ping-pong;
 //! - `bw SECONDS SEGMENT`: sends of up to 64 KiB (and at most 64 segments, the kernel's
@@ -85,22 +87,41 @@ fn pingpong(n: usize, size: usize, block: bool) {
     report(if block { "udp_pingpong_blocking_oneway" } else { "udp_pingpong_oneway" }, lat);
 }
 
-/// [`pingpong`] with softrdma's system calls: unconnected sockets, each datagram a
-/// `sendmmsg` of one message with a destination name, three iovecs (headers, payload, tail)
-/// and an `IP_TOS` control message, received by `recvmmsg` into a batch of 32 buffers of
-/// 64 KiB with `IP_PKTINFO`, `IP_RECVTOS` and GRO on. Against [`pingpong`], what the shape
-/// of those calls costs in the kernel, before any work of softrdma's own.
-fn pingpong_mmsg(n: usize, size: usize) {
+/// [`pingpong`] with softrdma's system calls as a ping-pong makes them: unconnected
+/// sockets bound to one address, each datagram a `sendmmsg` of one message with a
+/// destination name and one iovec (a packet built whole), received by `recvmmsg` with
+/// `IP_RECVTOS` and GRO on, into a batch of 64 KiB buffers of which softrdma asks for as
+/// many as the last call found (one, in a ping-pong). Against [`pingpong`], what the
+/// shape of those calls costs in the kernel, before any work of softrdma's own.
+///
+/// `without` takes options away one at a time, to price each: `gro`, `recvtos`, `name`
+/// (connected sockets, no destination in the call), `mmsg` (plain `send` and `recv`).
+fn pingpong_mmsg(n: usize, size: usize, without: &str) {
+    let off = |what: &str| without.split(',').any(|w| w == what);
+    let (gro, recvtos, name, mmsg) = (!off("gro"), !off("recvtos"), !off("name"), !off("mmsg"));
+    if let Some(w) =
+        without.split(',').find(|w| !w.is_empty() && !["gro", "recvtos", "name", "mmsg"].contains(w))
+    {
+        eprintln!("udp-probe: unknown option to take away: {w} (gro, recvtos, name, mmsg)");
+        std::process::exit(2);
+    }
     let a = UdpSocket::bind("127.0.0.1:0").expect("bind");
     let b = UdpSocket::bind("127.0.0.1:0").expect("bind");
     for s in [&a, &b] {
         s.set_nonblocking(true).unwrap();
         set(s, libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20);
-        set(s, libc::IPPROTO_IP, libc::IP_PKTINFO, 1);
-        set(s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
-        set(s, libc::SOL_UDP, 104, 1); // UDP_GRO
+        if recvtos {
+            set(s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
+        }
+        if gro {
+            set(s, libc::SOL_UDP, 104, 1); // UDP_GRO
+        }
     }
     let (pa, pb) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+    if !name {
+        a.connect(pb).unwrap();
+        b.connect(pa).unwrap();
+    }
     fn sockaddr(addr: std::net::SocketAddr) -> libc::sockaddr_in {
         let std::net::SocketAddr::V4(v4) = addr else { unreachable!("bound to 127.0.0.1") };
         // SAFETY: plain old data.
@@ -110,26 +131,28 @@ fn pingpong_mmsg(n: usize, size: usize) {
         sa.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
         sa
     }
-    // One datagram to `to`, shaped as softrdma's.
-    fn send(fd: i32, to: &libc::sockaddr_in, head: &[u8], payload: &[u8], tail: &[u8]) {
-        let mut iov = [head, payload, tail]
-            .map(|b| libc::iovec { iov_base: b.as_ptr().cast_mut().cast(), iov_len: b.len() });
-        let mut control = [0u64; 8];
-        // SAFETY: the header points at live iovecs, name and control buffer during the call;
-        // the control message fits the 64-byte buffer.
+    // One datagram to `to` (None: the connected peer), shaped as softrdma's.
+    fn send(fd: i32, to: Option<&libc::sockaddr_in>, packet: &[u8], mmsg: bool) {
+        // SAFETY: the header points at a live iovec and name during the call.
         unsafe {
+            if !mmsg {
+                let (name, len) = match to {
+                    Some(to) => {
+                        ((to as *const libc::sockaddr_in).cast(), std::mem::size_of::<libc::sockaddr_in>())
+                    }
+                    None => (std::ptr::null(), 0),
+                };
+                libc::sendto(fd, packet.as_ptr().cast(), packet.len(), libc::MSG_DONTWAIT, name, len as _);
+                return;
+            }
+            let mut iov = libc::iovec { iov_base: packet.as_ptr().cast_mut().cast(), iov_len: packet.len() };
             let mut h: libc::mmsghdr = std::mem::zeroed();
-            h.msg_hdr.msg_name = (to as *const libc::sockaddr_in).cast_mut().cast();
-            h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as _;
-            h.msg_hdr.msg_iov = iov.as_mut_ptr();
-            h.msg_hdr.msg_iovlen = 3;
-            h.msg_hdr.msg_control = control.as_mut_ptr().cast();
-            h.msg_hdr.msg_controllen = libc::CMSG_SPACE(4) as _;
-            let c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
-            (*c).cmsg_level = libc::IPPROTO_IP;
-            (*c).cmsg_type = libc::IP_TOS;
-            (*c).cmsg_len = libc::CMSG_LEN(4) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), 2);
+            if let Some(to) = to {
+                h.msg_hdr.msg_name = (to as *const libc::sockaddr_in).cast_mut().cast();
+                h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as _;
+            }
+            h.msg_hdr.msg_iov = &mut iov;
+            h.msg_hdr.msg_iovlen = 1;
             libc::sendmmsg(fd, &mut h, 1, libc::MSG_DONTWAIT);
         }
     }
@@ -140,6 +163,8 @@ fn pingpong_mmsg(n: usize, size: usize) {
         names: Vec<libc::sockaddr_in6>,
         controls: Vec<[u64; 16]>,
         hdrs: Vec<libc::mmsghdr>,
+        /// Buffers to offer the next call: as many as the last one found.
+        want: usize,
     }
     impl Batch {
         fn new() -> Box<Batch> {
@@ -151,6 +176,7 @@ fn pingpong_mmsg(n: usize, size: usize) {
                 names: vec![unsafe { std::mem::zeroed() }; N],
                 controls: vec![[0u64; 16]; N],
                 hdrs: Vec::new(),
+                want: 1,
             });
             b.iovs = iovecs(&mut b.bufs);
             b.hdrs = (0..N)
@@ -158,8 +184,14 @@ fn pingpong_mmsg(n: usize, size: usize) {
                 .collect();
             b
         }
-        fn recv(&mut self, fd: i32) -> isize {
-            for (i, h) in self.hdrs.iter_mut().enumerate() {
+        fn recv(&mut self, fd: i32, mmsg: bool) -> isize {
+            if !mmsg {
+                // SAFETY: the first buffer of this batch, live and of its length.
+                return unsafe {
+                    libc::recv(fd, self.bufs[0].as_mut_ptr().cast(), self.bufs[0].len(), libc::MSG_DONTWAIT)
+                };
+            }
+            for (i, h) in self.hdrs.iter_mut().enumerate().take(self.want) {
                 h.msg_hdr.msg_name = (&mut self.names[i] as *mut libc::sockaddr_in6).cast();
                 h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in6>() as _;
                 h.msg_hdr.msg_iov = &mut self.iovs[i];
@@ -168,41 +200,48 @@ fn pingpong_mmsg(n: usize, size: usize) {
                 h.msg_hdr.msg_controllen = 128;
             }
             // SAFETY: the headers point at this batch's live buffers.
-            unsafe {
-                libc::recvmmsg(
+            let got = unsafe {
+                libc::syscall(
+                    libc::SYS_recvmmsg,
                     fd,
                     self.hdrs.as_mut_ptr(),
-                    self.hdrs.len() as u32,
+                    self.want as libc::c_uint,
                     libc::MSG_DONTWAIT,
-                    std::ptr::null_mut(),
+                    std::ptr::null_mut::<libc::timespec>(),
                 ) as isize
+            };
+            if got > 0 {
+                self.want = (got as usize).clamp(1, self.hdrs.len());
             }
+            got
         }
-        fn spin(&mut self, fd: i32) {
-            while self.recv(fd) <= 0 {
+        fn spin(&mut self, fd: i32, mmsg: bool) {
+            while self.recv(fd, mmsg) <= 0 {
                 std::hint::spin_loop();
             }
         }
     }
-    let (head, tail) = ([0u8; 12], [0u8; 4]);
+    // BTH, payload and ICRC in one buffer, as softrdma sends them.
+    let packet = vec![7u8; 12 + size + 4];
     let (fa, fb) = (a.as_raw_fd(), b.as_raw_fd());
     let (to_a, to_b) = (sockaddr(pa), sockaddr(pb));
-    let echo = std::thread::spawn(move || {
-        let _keep = b;
-        let mut batch = Batch::new();
-        let payload = vec![7u8; size];
-        for _ in 0..n {
-            batch.spin(fb);
-            send(fb, &to_a, &head, &payload, &tail);
+    let echo = std::thread::spawn({
+        let packet = packet.clone();
+        move || {
+            let _keep = b;
+            let mut batch = Batch::new();
+            for _ in 0..n {
+                batch.spin(fb, mmsg);
+                send(fb, name.then_some(&to_a), &packet, mmsg);
+            }
         }
     });
     let mut batch = Batch::new();
-    let payload = vec![7u8; size];
     let mut lat = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
-        send(fa, &to_b, &head, &payload, &tail);
-        batch.spin(fa);
+        send(fa, name.then_some(&to_b), &packet, mmsg);
+        batch.spin(fa, mmsg);
         lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
     }
     echo.join().unwrap();
@@ -480,7 +519,11 @@ fn main() {
     let num = |i: usize, d: f64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
     match args.first().map(String::as_str) {
         Some("pingpong") => pingpong(num(1, 20000.0) as usize, num(2, 8.0) as usize, false),
-        Some("pingpong-mmsg") => pingpong_mmsg(num(1, 20000.0) as usize, num(2, 8.0) as usize),
+        Some("pingpong-mmsg") => pingpong_mmsg(
+            num(1, 20000.0) as usize,
+            num(2, 8.0) as usize,
+            args.get(3).map_or("", String::as_str),
+        ),
         Some("pingpong-wait") => pingpong(num(1, 20000.0) as usize, num(2, 8.0) as usize, true),
         Some("bw") => bw(num(1, 3.0), num(2, 4096.0) as usize),
         Some("bw-zerocopy") => bw_zerocopy(num(1, 3.0), num(2, 4096.0) as usize),
@@ -489,7 +532,7 @@ fn main() {
         Some("rate-uring") => rate_uring(num(1, 3.0), num(2, 20.0) as usize),
         _ => {
             eprintln!(
-                "usage: udp-probe pingpong [N] [SIZE] | pingpong-mmsg [N] [SIZE] | pingpong-wait [N] [SIZE] | bw [SECONDS] [SEGMENT] | bw-zerocopy [SECONDS] [SEGMENT] | rate [SECONDS] [SIZE] \
+                "usage: udp-probe pingpong [N] [SIZE] | pingpong-mmsg [N] [SIZE] [WITHOUT] | pingpong-wait [N] [SIZE] | bw [SECONDS] [SEGMENT] | bw-zerocopy [SECONDS] [SEGMENT] | rate [SECONDS] [SIZE] \
                  | rate-gso [SECONDS] [SIZE] | rate-uring [SECONDS] [SIZE]"
             );
             std::process::exit(2);
