@@ -552,6 +552,23 @@ impl Endpoint {
                 return;
             }
         }
+        // Filler a softrdma peer put before the ICRC (see `wire::fill`) comes off once the
+        // ICRC that covers it has passed; the packet is read without it.
+        let pkt = match crate::wire::fill::strip(bytes) {
+            Ok(b) if b.len() == bytes.len() => pkt,
+            Ok(b) if exact => match Packet::new_checked(b) {
+                Ok(p) => p,
+                Err(_) => {
+                    self.stats.malformed += 1;
+                    return;
+                }
+            },
+            _ => {
+                tracing::debug!(%src, "dropped: filler that cannot be");
+                self.stats.malformed += 1;
+                return;
+            }
+        };
         if qpn == Qpn::MULTICAST.get() || dst.ip().is_multicast() {
             // A group address takes multicast datagrams only; destination QP 0xFFFFFF
             // only comes to a group address (checked in handle_mcast).

@@ -42,7 +42,7 @@ pub use srq::{Srq, SrqId};
 pub use wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::memory::{Access, Memory, PdId, Segment, Segments};
-use crate::wire::{bundle, icrc, Packet, PacketRepr, ICRC_LEN};
+use crate::wire::{bundle, fill, icrc, Packet, PacketRepr, ICRC_LEN};
 use crate::{Psn, Qkey, Qpn};
 use psnset::PsnBits;
 
@@ -399,6 +399,12 @@ pub struct QueuePair {
     /// This QP's requests say that it splits bundles (on; off only to play an older build
     /// in tests).
     announce_splits: bool,
+    /// The peer's packets say that it takes filler off ([`fill::TAKES_FILL`]): only then
+    /// are this QP's full packets filled to their message's first packet's length.
+    peer_fills: bool,
+    /// This QP's packets say that it takes filler off (on; off only to play an older build
+    /// in tests).
+    announce_fill: bool,
     /// While a multicast packet is handled: the group it was sent to (the destination in
     /// the receive buffer's GRH area).
     mcast_dst: Option<IpAddr>,
@@ -451,6 +457,8 @@ impl QueuePair {
             bundle_acks: true,
             peer_splits: false,
             announce_splits: true,
+            peer_fills: false,
+            announce_fill: true,
         }
     }
 
@@ -561,6 +569,19 @@ impl QueuePair {
         self.announce_splits = on;
     }
 
+    /// Whether this QP's packets to a softrdma peer carry [`fill::TAKES_FILL`] (on by
+    /// default): off, the QP looks to its peer like a softrdma build older than filler,
+    /// and gets none.
+    pub fn set_announce_fill(&mut self, on: bool) {
+        self.announce_fill = on;
+    }
+
+    /// Whether the peer's packets have said that it takes filler off: this QP's full
+    /// packets then go filled ([`crate::wire::fill`]).
+    pub fn peer_takes_fill(&self) -> bool {
+        self.peer_fills
+    }
+
     /// Whether the peer's requests have said that it splits bundles.
     pub fn peer_splits_bundles(&self) -> bool {
         self.peer_splits
@@ -596,8 +617,9 @@ impl QueuePair {
         if let Some(r) = attr.remote {
             self.remote = Some(r);
             self.peer_port = None;
-            // A new peer says for itself whether it splits bundles.
+            // A new peer says for itself whether it splits bundles and takes filler off.
             self.peer_splits = false;
+            self.peer_fills = false;
         }
         if let Some(t) = attr.traffic_class {
             self.traffic_class = t;
@@ -634,6 +656,7 @@ impl QueuePair {
         match to {
             QpState::Reset => {
                 self.peer_splits = false;
+                self.peer_fills = false;
                 self.sq.clear();
                 self.rq.clear();
                 self.req = requester::Requester::new(Psn::new(0));
@@ -896,6 +919,14 @@ impl QueuePair {
                 None if self.latches(pkt) => self.peer_port = Some(src.port()),
                 None => {}
             }
+            // Any packet from the peer's latched port may say that it takes filler off
+            // (see `wire::fill`): a WRITE stream's receiver sends only ACKs.
+            if !self.peer_fills
+                && self.peer_port == Some(src.port())
+                && pkt.as_bytes().get(fill::FLAG_BYTE).is_some_and(|b| b & fill::TAKES_FILL != 0)
+            {
+                self.peer_fills = true;
+            }
         }
         if op.is_request() {
             // A request from the peer's latched port that says its QP splits bundles (see
@@ -1132,6 +1163,18 @@ impl QueuePair {
         mem: &dyn Memory,
     ) -> Result<Transmit, crate::memory::MemError> {
         let seg_len: usize = payload.iter().map(|s| s.len as usize).sum();
+        let opcode = buf.first().and_then(|&b| crate::wire::Opcode::new(b));
+        let towards_softrdma = !self.foreign_peer && self.cfg.qp_type != QpType::Ud;
+        // A full packet that lacks its message's longest header, towards a peer that
+        // takes filler off, is filled to its first packet's length (see `wire::fill`).
+        let fill = match opcode {
+            Some(op) if towards_softrdma && self.peer_fills && seg_len == self.mtu.bytes() as usize => {
+                fill::len(op)
+            }
+            _ => 0,
+        };
+        // Pad, then filler: zeros either way.
+        let pad = pad + fill;
         let whole = head_len + seg_len + pad;
         let total = whole + ICRC_LEN;
         let encap = icrc::Encap::new(self.cfg.local, dst).ok_or(crate::memory::MemError::BadKey)?;
@@ -1151,6 +1194,7 @@ impl QueuePair {
             (head_len, payload, pad)
         };
         if self.bundling
+            && fill == 0
             && !Self::begins_message(buf)
             && total + bundle::BUNDLED_ACK_LEN
                 <= self.mtu.bytes() as usize
@@ -1161,14 +1205,17 @@ impl QueuePair {
             // their GSO train.
             buf[bundle::FLAG_BYTE] |= bundle::BUNDLED_ACK;
         }
-        if self.announce_splits
-            && !self.foreign_peer
-            && self.cfg.qp_type != QpType::Ud
-            && buf.first().and_then(|&b| crate::wire::Opcode::new(b)).is_some_and(|o| o.is_request())
-        {
+        if self.announce_splits && towards_softrdma && opcode.is_some_and(|o| o.is_request()) {
             // This QP splits bundles: say so to a softrdma peer, on its requests (see
             // `wire::bundle`).
             buf[bundle::FLAG_BYTE] |= bundle::SPLITS_BUNDLES;
+        }
+        if self.announce_fill && towards_softrdma {
+            // And takes filler off: on everything it sends (see `wire::fill`).
+            buf[fill::FLAG_BYTE] |= fill::TAKES_FILL;
+        }
+        if fill > 0 {
+            buf[fill::FLAG_BYTE] |= fill::FILLED;
         }
         let (bth, rest) = buf[..head_len].split_first_chunk::<12>().ok_or(crate::memory::MemError::BadKey)?;
         let mut h = icrc::IcrcHasher::with_bth(&encap, total, bth);

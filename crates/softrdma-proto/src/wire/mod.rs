@@ -21,6 +21,7 @@ pub mod bundle;
 mod cnp;
 mod deth;
 mod feth;
+pub mod fill;
 pub mod icrc;
 mod ieth;
 mod immdt;
