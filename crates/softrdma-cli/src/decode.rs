@@ -64,6 +64,10 @@ struct JsonPacket<'a> {
     icrc: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     malformed: Option<String>,
+    /// Zero bytes a softrdma peer put before the ICRC (`wire::fill`), not counted in the
+    /// headers' payload length.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    filler: Option<usize>,
 }
 
 /// The outcome of decoding one datagram.
@@ -193,10 +197,16 @@ struct Where<'a> {
 fn decode_packet(at: &Where<'_>, payload: &[u8], json: bool, s: &mut Summary, out: &mut String) {
     let Where { file, frame: number, src, dst, encap } = *at;
     s.packets += 1;
-    let parsed = Packet::new_checked(payload).and_then(|p| Ok((PacketRepr::parse(&p)?, p)));
+    // Filler that softrdma puts before the ICRC between softrdma peers (`wire::fill`) is
+    // read past; the ICRC covers it.
+    let (unfilled, filler) = match wire::fill::strip(payload) {
+        Ok(b) if b.len() < payload.len() => (b, Some(payload.len() - b.len())),
+        _ => (payload, None),
+    };
+    let parsed = Packet::new_checked(unfilled).and_then(|p| Ok((PacketRepr::parse(&p)?, p)));
     let verdict = match &parsed {
         Err(e) => Verdict::Malformed(e.clone()),
-        Ok((_, p)) if icrc::verify(encap, p.as_bytes()) => Verdict::Ok,
+        Ok(_) if icrc::verify(encap, payload) => Verdict::Ok,
         Ok(_) => Verdict::Bad,
     };
     match verdict {
@@ -228,6 +238,7 @@ fn decode_packet(at: &Where<'_>, payload: &[u8], json: bool, s: &mut Summary, ou
                 Verdict::Malformed(e) => Some(e.to_string()),
                 _ => None,
             },
+            filler,
         };
         // Serializing plain data into a String cannot fail.
         out.push_str(&serde_json::to_string(&j).unwrap_or_default());
@@ -239,6 +250,9 @@ fn decode_packet(at: &Where<'_>, payload: &[u8], json: bool, s: &mut Summary, ou
             text_line(out, repr, p);
             if let Some(m) = cm {
                 let _ = write!(out, " cm={m}");
+            }
+            if let Some(n) = filler {
+                let _ = write!(out, " filler={n}");
             }
             out.push_str(if matches!(verdict, Verdict::Ok) { " icrc=ok" } else { " icrc=BAD" });
         }

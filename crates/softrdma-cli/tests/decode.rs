@@ -495,7 +495,8 @@ fn dev_zero_and_absurd_record_lengths_are_refused_at_once() {
 
 /// `SOFTRDMA_PCAP=DIR/%p.pcapng`: a `perf --local` run (two processes) writes one capture
 /// per process, which `softrdma decode` reads back: the WRITEs and their ACKs, every ICRC
-/// right, from the client's and from the server's side.
+/// right, from the client's and from the server's side, the filler of the WRITEs' MIDDLE
+/// and LAST packets (`wire::fill`) read past and named.
 #[test]
 fn softrdma_pcap_captures_decode_with_good_icrcs() {
     let dir = std::env::temp_dir().join(format!("softrdma-pcap-{}", std::process::id()));
@@ -503,7 +504,7 @@ fn softrdma_pcap_captures_decode_with_good_icrcs() {
     let port = (20_000 + std::process::id() % 20_000).to_string();
     let udp = (port.parse::<u16>().unwrap() + 1).to_string();
     let run = output(
-        softrdma(["perf", "write_bw", "--local", "-s", "4096", "-n", "50", "-p", &port])
+        softrdma(["perf", "write_bw", "--local", "-s", "16384", "-n", "300", "-p", &port])
             .env("SOFTRDMA_PCAP", dir.join("%p.pcapng"))
             .env("SOFTRDMA_PORT", &udp),
         Duration::from_secs(60),
@@ -516,7 +517,9 @@ fn softrdma_pcap_captures_decode_with_good_icrcs() {
         let d = output(&mut softrdma(args), Duration::from_secs(30));
         let text = common::text(&d);
         assert!(d.status.success(), "{text}");
-        assert!(text.contains("RDMA_WRITE_ONLY") && text.contains("ACKNOWLEDGE"), "{text}");
+        assert!(text.contains("RDMA_WRITE_FIRST") && text.contains("ACKNOWLEDGE"), "{text}");
+        let middle = text.lines().find(|l| l.contains("RDMA_WRITE_MIDDLE") && l.contains("filler=16"));
+        assert!(middle.is_some_and(|l| l.contains("icrc=ok")), "{text}");
         let summary = text.lines().rev().find(|l| l.contains("icrc-ok")).unwrap();
         assert!(
             summary.contains("0 icrc-bad, 0 malformed") && !summary.starts_with("0 packets"),

@@ -354,3 +354,51 @@ fn arming_a_cq_sends_what_a_burst_left_behind() {
     }
     panic!("no burst waited for company in 200 tries");
 }
+
+#[test]
+fn a_stream_of_writes_leaves_in_trains_that_span_its_messages() {
+    let _serial = serial();
+    // 16 KiB WRITEs of four full packets each. A WRITE's first packet carries a RETH that
+    // its other packets lack; towards a softrdma peer they carry filler instead
+    // (`softrdma_proto::wire::fill`), so that every packet has the same length and a GSO
+    // train runs on from one message into the next. Unfilled, each message would be two
+    // trains of two packets.
+    let (a, b) = pair(24, 25, Access::REMOTE_WRITE);
+    let (rkey, base) = (b.mr.rkey(), b.mr.addr());
+    let write = |k: u64, at: u64, flags: SendFlags| SendWr {
+        wr_id: k,
+        op: SendOp::Write { remote_addr: base + at, rkey },
+        sg_list: softrdma::sgl![a.mr.sge(at as usize, 16384).unwrap()],
+        flags,
+        ud: None,
+    };
+    // One WRITE first: the peer's ACK says that it takes filler off.
+    a.qp.post_send(write(0, 0, signaled())).unwrap();
+    assert_eq!(wait(&a.cq).status, WcStatus::Success);
+    let mut pattern = vec![0u8; 1 << 20];
+    for (i, v) in pattern.iter_mut().enumerate() {
+        *v = (i * 31 / 7) as u8;
+    }
+    a.mr.write(0, &pattern).unwrap();
+    let before = a.ctx.io_stats();
+    for round in 0..4u64 {
+        // Sixteen WRITEs in one post, the last signaled: sixty-four packets in one flush.
+        let wrs: Vec<_> = (0..16u64)
+            .map(|k| {
+                let flags = if k == 15 { signaled() } else { SendFlags::default() };
+                write(round * 16 + k, (round * 16 + k) * 16384, flags)
+            })
+            .collect();
+        a.qp.post_send_many(wrs).unwrap();
+        assert_eq!(wait(&a.cq).status, WcStatus::Success);
+    }
+    let after = a.ctx.io_stats();
+    let (packets, trains) = (after.packets_sent - before.packets_sent, after.gso_trains - before.gso_trains);
+    assert_eq!(packets, 64 * 4);
+    assert!(trains > 0 && packets / trains > 4, "{packets} packets in {trains} trains");
+    let mut landed = vec![0u8; 1 << 20];
+    b.mr.read(0, &mut landed).unwrap();
+    assert!(landed == pattern, "the WRITEs landed byte for byte");
+    let eb = b.ctx.endpoint_stats();
+    assert_eq!((eb.icrc_errors, eb.malformed), (0, 0));
+}

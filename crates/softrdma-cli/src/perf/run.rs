@@ -188,7 +188,6 @@ impl Session<'_> {
             marks.push((done.iter().sum(), start.elapsed().as_secs_f64()));
         }
         let total = start.elapsed().as_secs_f64();
-        if std::env::var_os("XT").is_some() { eprintln!("{:?}", self.ctx.io_stats()); }
         let all: u64 = done.iter().sum();
         let bytes = size as f64 * all as f64;
         let peak = peak(&marks, size).max(bytes / total);

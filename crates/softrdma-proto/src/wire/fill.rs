@@ -29,8 +29,8 @@
 //! receiver sends nothing but ACKs). A build older than this framing sets neither, and
 //! gets no filler. A short last packet takes none: it ends its train anyway.
 
-use super::{Opcode, Operation};
 pub use super::bundle::FLAG_BYTE;
+use super::{Opcode, Operation};
 
 /// The flag in BTH byte 8 that says filler precedes the ICRC.
 pub const FILLED: u8 = 0x08;

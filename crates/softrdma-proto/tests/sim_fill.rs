@@ -1,0 +1,236 @@
+//! Packets of one size between softrdma peers (`wire::fill`): a WRITE's MIDDLE and LAST
+//! packets and a READ response's MIDDLE packets go filled to their message's first
+//! packet's length once the peer has said it takes filler off, land byte for byte, and
+//! never go to a peer that has not said so; a filled packet that cannot be is dropped, and
+//! the QP recovers it.
+
+use std::time::Duration;
+
+use softrdma_proto::endpoint::Arrival;
+use softrdma_proto::memory::{Access, PdId};
+use softrdma_proto::qp::{Mtu, QpType, SendFlags, SendOp, SendWr, Sge, WcStatus};
+use softrdma_proto::sim::{ConnectParams, Impairments, Sim};
+use softrdma_proto::wire::{fill, icrc, Opcode, Operation, Transport};
+use softrdma_proto::{sgl, Lkey, Qpn, Rkey};
+
+const BASE: u64 = 0x20_0000;
+const LEN: usize = 64 * 1024;
+
+struct Pair {
+    sim: Sim,
+    qpn: [Qpn; 2],
+    keys: [(Lkey, Rkey); 2],
+    now: Duration,
+    buf: Vec<u8>,
+    /// Every datagram sent, by sender, as sent (before any tampering).
+    sent: Vec<(usize, Vec<u8>)>,
+}
+
+impl Pair {
+    fn new(announce: [bool; 2]) -> Pair {
+        let mut sim = Sim::new(7, Impairments::default(), 2);
+        let params = ConnectParams { mtu: Mtu::Mtu1024, ..ConnectParams::default() };
+        let (qa, qb) = sim.connect(0, 1, QpType::Rc, params);
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let mut keys = [(Lkey(0), Rkey(0)); 2];
+        for (n, q) in [(0, qa), (1, qb)] {
+            keys[n] = sim.nodes[n].mem.register(PdId(1), BASE, LEN, access).unwrap();
+            let bytes = sim.nodes[n].mem.bytes_mut(keys[n].0).unwrap();
+            for (i, b) in bytes.iter_mut().enumerate() {
+                *b = (i * 7 + n * 101) as u8;
+            }
+            sim.nodes[n].endpoint.qp_mut(q).unwrap().set_announce_fill(announce[n]);
+        }
+        Pair { sim, qpn: [qa, qb], keys, now: Duration::from_millis(1), buf: vec![0; 8192], sent: Vec::new() }
+    }
+
+    fn bytes(&self, n: usize) -> Vec<u8> {
+        self.sim.nodes[n].mem.bytes(self.keys[n].0).unwrap().to_vec()
+    }
+
+    /// Node 0 posts `op` over `len` bytes of its region at `local`.
+    fn post(&mut self, wr_id: u64, op: SendOp, local: usize, len: u32) {
+        let wr = SendWr {
+            wr_id,
+            op,
+            sg_list: sgl![Sge { addr: BASE + local as u64, length: len, lkey: self.keys[0].0 }],
+            flags: SendFlags { signaled: true, ..SendFlags::default() },
+            ud: None,
+        };
+        let node = &mut self.sim.nodes[0];
+        node.endpoint.qp_mut(self.qpn[0]).unwrap().post_send(wr, &node.mem).unwrap();
+    }
+
+    /// Delivers what both nodes send, each datagram through `tamper` (which may change
+    /// it), until both are quiet and no timer is due within the next 50 ms.
+    fn run(&mut self, tamper: &mut dyn FnMut(usize, &mut Vec<u8>)) {
+        for _ in 0..10_000 {
+            let mut moved = false;
+            for from in 0..2 {
+                let to = 1 - from;
+                let (src, dst) = (Sim::addr_of(from), Sim::addr_of(to));
+                loop {
+                    let node = &mut self.sim.nodes[from];
+                    let Some(t) = node.endpoint.poll_transmit(self.now, &mut self.buf, &node.mem) else {
+                        break;
+                    };
+                    let mut bytes = t.assemble(&self.buf, &node.mem);
+                    self.sent.push((from, bytes.clone()));
+                    tamper(from, &mut bytes);
+                    let peer = &mut self.sim.nodes[to];
+                    let arrival = Arrival { src, dst, tos: t.tos };
+                    peer.endpoint.handle_datagram(self.now, arrival, &bytes, &mut peer.mem);
+                    moved = true;
+                }
+            }
+            if !moved {
+                let next = (0..2).filter_map(|n| self.sim.nodes[n].endpoint.poll_timeout()).min();
+                match next {
+                    Some(t) if t < self.now + Duration::from_millis(50) => {
+                        self.now = self.now.max(t);
+                        for n in 0..2 {
+                            self.sim.nodes[n].endpoint.handle_timeout(self.now);
+                        }
+                    }
+                    _ => return,
+                }
+            }
+            self.now += Duration::from_micros(2);
+        }
+        panic!("the pair never went quiet");
+    }
+
+    fn send_statuses(&mut self) -> Vec<(u64, WcStatus)> {
+        let qp = self.sim.nodes[0].endpoint.qp_mut(self.qpn[0]).unwrap();
+        std::iter::from_fn(|| qp.poll_send_completion()).map(|wc| (wc.wr_id, wc.status)).collect()
+    }
+
+    /// The datagrams node `n` sent from index `from` on whose opcode is one of `ops`.
+    fn of(&self, n: usize, from: usize, ops: &[Operation]) -> Vec<&Vec<u8>> {
+        self.sent[from..]
+            .iter()
+            .filter(|(m, d)| *m == n && Opcode::new(d[0]).is_some_and(|o| ops.contains(&o.operation())))
+            .map(|(_, d)| d)
+            .collect()
+    }
+}
+
+const WRITES: [Operation; 4] = [
+    Operation::RdmaWriteFirst,
+    Operation::RdmaWriteMiddle,
+    Operation::RdmaWriteLast,
+    Operation::RdmaWriteOnly,
+];
+const READ_RESPONSES: [Operation; 3] =
+    [Operation::RdmaReadResponseFirst, Operation::RdmaReadResponseMiddle, Operation::RdmaReadResponseLast];
+
+fn filled(d: &[u8]) -> bool {
+    d[fill::FLAG_BYTE] & fill::FILLED != 0
+}
+
+#[test]
+fn writes_and_read_responses_go_as_packets_of_one_size_and_land_exactly() {
+    let mut p = Pair::new([true, true]);
+    let rkey = p.keys[1].1;
+    // The first WRITE goes before node 1 has said anything: unfilled. Its ACKs say that
+    // node 1 takes filler off.
+    p.post(1, SendOp::Write { remote_addr: BASE, rkey }, 0, 4096);
+    p.run(&mut |_, _| {});
+    assert!(p.of(0, 0, &WRITES).iter().all(|d| !filled(d)));
+    assert!(p.sim.nodes[0].endpoint.qp(p.qpn[0]).unwrap().peer_takes_fill());
+    // Then: a WRITE of four full packets, one whose last packet is short, a READ of four.
+    let mark = p.sent.len();
+    p.post(2, SendOp::Write { remote_addr: BASE + 8192, rkey }, 100, 4096);
+    p.post(3, SendOp::Write { remote_addr: BASE + 16384, rkey }, 5000, 2500);
+    p.post(4, SendOp::Read { remote_addr: BASE + 30000, rkey }, 40000, 4096);
+    let (a0, b0) = (p.bytes(0), p.bytes(1));
+    p.run(&mut |_, _| {});
+    assert_eq!(
+        p.send_statuses(),
+        [(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success), (4, WcStatus::Success)]
+    );
+    // Every packet of the full WRITE is as long as its FIRST (a RETH of 16 bytes); the
+    // MIDDLE and LAST packets are flagged.
+    let writes = p.of(0, mark, &WRITES);
+    assert_eq!(writes.len(), 4 + 3);
+    let first = writes[0].len();
+    assert_eq!(first, 12 + 16 + 1024 + 4);
+    assert!(
+        writes[..4].iter().all(|d| d.len() == first),
+        "{:?}",
+        writes.iter().map(|d| d.len()).collect::<Vec<_>>()
+    );
+    assert_eq!(writes[..4].iter().map(|d| filled(d)).collect::<Vec<_>>(), [false, true, true, true]);
+    // The 2,500-byte WRITE: FIRST, a filled MIDDLE, and a short LAST that takes none.
+    assert_eq!(
+        writes[4..].iter().map(|d| (d.len(), filled(d))).collect::<Vec<_>>(),
+        [(first, false), (first, true), (12 + 452 + 4, false)]
+    );
+    // The READ's responses: FIRST and LAST carry an AETH, the MIDDLE packets filler.
+    let responses = p.of(1, mark, &READ_RESPONSES);
+    assert_eq!(
+        responses.iter().map(|d| (d.len(), filled(d))).collect::<Vec<_>>(),
+        [
+            (12 + 4 + 1024 + 4, false),
+            (12 + 4 + 1024 + 4, true),
+            (12 + 4 + 1024 + 4, true),
+            (12 + 4 + 1024 + 4, false)
+        ]
+    );
+    // Byte for byte where they belong, and nothing around them touched.
+    let mut want_b = b0.clone();
+    want_b[8192..8192 + 4096].copy_from_slice(&a0[100..100 + 4096]);
+    want_b[16384..16384 + 2500].copy_from_slice(&a0[5000..5000 + 2500]);
+    assert!(p.bytes(1) == want_b, "node 1's region");
+    let mut want_a = a0.clone();
+    want_a[40000..40000 + 4096].copy_from_slice(&b0[30000..30000 + 4096]);
+    assert!(p.bytes(0) == want_a, "node 0's region");
+    let ep = |n: usize| p.sim.nodes[n].endpoint.stats();
+    assert_eq!((ep(0).malformed, ep(1).malformed, ep(0).icrc_errors, ep(1).icrc_errors), (0, 0, 0, 0));
+}
+
+#[test]
+fn no_filler_goes_to_a_peer_that_has_not_said_it_takes_it_off() {
+    // Node 1 plays a softrdma build older than filler; node 0 still says it takes filler
+    // off, so node 1's READ responses go filled to it.
+    let mut p = Pair::new([true, false]);
+    let rkey = p.keys[1].1;
+    for k in 0..3 {
+        p.post(k, SendOp::Write { remote_addr: BASE + k * 8192, rkey }, 0, 4096);
+    }
+    p.post(9, SendOp::Read { remote_addr: BASE + 30000, rkey }, 40000, 4096);
+    p.run(&mut |_, _| {});
+    assert_eq!(p.send_statuses().len(), 4);
+    assert!(!p.sim.nodes[0].endpoint.qp(p.qpn[0]).unwrap().peer_takes_fill());
+    assert!(p.sent.iter().filter(|(n, _)| *n == 1).all(|(_, d)| d[fill::FLAG_BYTE] & fill::TAKES_FILL == 0));
+    assert!(p.of(0, 0, &WRITES).iter().all(|d| !filled(d)));
+    assert_eq!(p.of(1, 0, &READ_RESPONSES).iter().filter(|d| filled(d)).count(), 2);
+}
+
+#[test]
+fn a_filled_packet_that_cannot_be_is_dropped_and_its_message_still_lands() {
+    let mut p = Pair::new([true, true]);
+    let rkey = p.keys[1].1;
+    p.post(1, SendOp::Write { remote_addr: BASE, rkey }, 0, 64);
+    p.run(&mut |_, _| {});
+    p.post(2, SendOp::Write { remote_addr: BASE + 8192, rkey }, 100, 4096);
+    let a0 = p.bytes(0);
+    // The first filled MIDDLE gets a non-zero filler byte, its ICRC made good again: the
+    // ICRC passes, the filler does not.
+    let mut tampered = 0;
+    let encap = icrc::Encap::new(Sim::addr_of(0), Sim::addr_of(1)).unwrap();
+    p.run(&mut |from, d| {
+        let middle = Opcode::from_parts(Transport::Rc, Operation::RdmaWriteMiddle).unwrap().code();
+        if from == 0 && tampered == 0 && d[0] == middle && filled(d) {
+            let end = d.len();
+            d[end - 5] = 1;
+            let crc = icrc::compute(&encap, &d[..end - 4]);
+            d[end - 4..].copy_from_slice(&crc.to_le_bytes());
+            tampered += 1;
+        }
+    });
+    assert_eq!(tampered, 1);
+    assert_eq!(p.sim.nodes[1].endpoint.stats().malformed, 1);
+    assert_eq!(p.send_statuses(), [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert!(p.bytes(1)[8192..8192 + 4096] == a0[100..100 + 4096], "the resent packet landed");
+}
