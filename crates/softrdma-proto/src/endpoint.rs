@@ -553,17 +553,20 @@ impl Endpoint {
             }
         }
         // Filler a softrdma peer put before the ICRC (see `wire::fill`) comes off once the
-        // ICRC that covers it has passed; the packet is read without it.
-        let pkt = match crate::wire::fill::strip(bytes) {
-            Ok(b) if b.len() == bytes.len() => pkt,
-            Ok(b) if exact => match Packet::new_checked(b) {
+        // exact ICRC that covers it has passed; the packet is read without it. (A packet
+        // that passed only the ID-agnostic check comes from a foreign sender, for which the
+        // flag is a reserved bit.)
+        let pkt = match exact.then(|| crate::wire::fill::strip(bytes)) {
+            None => pkt,
+            Some(Ok(b)) if b.len() == bytes.len() => pkt,
+            Some(Ok(b)) => match Packet::new_checked(b) {
                 Ok(p) => p,
                 Err(_) => {
                     self.stats.malformed += 1;
                     return;
                 }
             },
-            _ => {
+            Some(Err(_)) => {
                 tracing::debug!(%src, "dropped: filler that cannot be");
                 self.stats.malformed += 1;
                 return;

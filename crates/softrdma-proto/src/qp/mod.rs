@@ -137,8 +137,11 @@ pub enum PostError {
     InlineFault,
 }
 
-/// Room for a [`Transmit`]'s tail: pad (3 at most), ICRC, and a bundled ACK.
+/// Room for a [`Transmit`]'s tail: pad (3 at most), ICRC, and a bundled ACK; or pad,
+/// filler (16 at most, see [`crate::wire::fill`]) and ICRC: a filled packet is full, and
+/// never takes a bundle.
 pub const TAIL_ROOM: usize = 3 + ICRC_LEN + crate::wire::bundle::BUNDLED_ACK_LEN;
+const _: () = assert!(3 + 16 + ICRC_LEN <= TAIL_ROOM);
 
 /// A packet ready to go: its head in the caller's buffer (headers, and the payload when
 /// the buffer held it), any payload left in registered memory, then the tail.
@@ -156,8 +159,8 @@ pub struct Transmit {
     pub payload: Segments,
     /// The protection domain the segments belong to.
     pub pd: PdId,
-    /// Pad bytes and ICRC, to append after the payload, and a bundled ACK if one rides
-    /// along (see [`crate::wire::bundle`]).
+    /// Pad bytes (and any filler, [`crate::wire::fill`]) and ICRC, to append after the
+    /// payload, and a bundled ACK if one rides along (see [`crate::wire::bundle`]).
     pub tail: [u8; TAIL_ROOM],
     /// Used length of `tail`.
     pub tail_len: usize,

@@ -22,8 +22,9 @@
 //! a READ response MIDDLE (the AETH). The ICRC covers the filler and the flag, a reserved
 //! bit after AckReq (see [`crate::wire::bundle`] for the two before it). A receiver that
 //! finds the flag on a packet whose exact ICRC check passed takes the filler off before
-//! it reads the packet ([`strip`]); a flag on any other opcode, filler that is not zero,
-//! or a packet too short to hold it make the datagram malformed. A QP fills only towards a
+//! it reads the packet ([`strip`]); filler that is not zero, or a packet too short to hold
+//! it, make the datagram malformed; on an opcode that takes no filler the flag stays a
+//! reserved bit, ignored. A QP fills only towards a
 //! peer whose packets carried [`TAKES_FILL`], the next reserved bit, which every softrdma
 //! QP sets on what it sends to a softrdma peer (requests and answers alike: a WRITE stream's
 //! receiver sends nothing but ACKs). A build older than this framing sets neither, and
@@ -50,17 +51,20 @@ pub fn len(op: Opcode) -> usize {
 }
 
 /// The packet in `datagram` (one packet, not a bundle) without its filler, if it is flagged
-/// for some; `Err` for a flagged packet that cannot carry it (an opcode that takes none, too
-/// short to hold a BTH, the filler and an ICRC, or filler that is not zero). The ICRC at the
-/// end of what is returned is meaningless: call this after the ICRC check, on the packet
-/// as it came.
+/// for some; `Err` for a flagged packet that cannot carry it (too short to hold a BTH, the
+/// filler and an ICRC, or filler that is not zero). On an opcode that takes no filler the
+/// flag is a reserved bit, ignored. The ICRC at the end of what is returned is
+/// meaningless: call this after the ICRC check, on the packet as it came.
 pub fn strip(datagram: &[u8]) -> Result<&[u8], Malformed> {
     if datagram.get(FLAG_BYTE).is_none_or(|b| b & FILLED == 0) {
         return Ok(datagram);
     }
     let n = Opcode::new(datagram[0]).map_or(0, len);
+    if n == 0 {
+        return Ok(datagram);
+    }
     let end = datagram.len();
-    if n == 0 || end < 12 + n + super::ICRC_LEN {
+    if end < 12 + n + super::ICRC_LEN {
         return Err(Malformed);
     }
     let filler = &datagram[end - super::ICRC_LEN - n..end - super::ICRC_LEN];
@@ -135,9 +139,9 @@ mod tests {
         let p = middle(0, FILLED, 0);
         assert_eq!(strip(&p[..31]), Err(Malformed));
         assert_eq!(strip(&p).map(<[u8]>::len), Ok(16));
-        // An opcode that takes none.
+        // On an opcode that takes none, the flag is a reserved bit: the packet stays whole.
         let mut p = middle(256, FILLED, 0);
         p[0] = code(Transport::Rc, Operation::SendMiddle).code();
-        assert_eq!(strip(&p), Err(Malformed));
+        assert_eq!(strip(&p), Ok(&p[..]));
     }
 }
