@@ -199,11 +199,16 @@ fn decode_packet(at: &Where<'_>, payload: &[u8], json: bool, s: &mut Summary, ou
     s.packets += 1;
     // Filler that softrdma puts before the ICRC between softrdma peers (`wire::fill`) is
     // read past; the ICRC covers it.
-    let (unfilled, filler) = match wire::fill::strip(payload) {
-        Ok(b) if b.len() < payload.len() => (b, Some(payload.len() - b.len())),
-        _ => (payload, None),
+    let stripped = wire::fill::strip(payload);
+    let filler = stripped.ok().map(|b| payload.len() - b.len()).filter(|&n| n > 0);
+    let parsed = match stripped {
+        Ok(b) => Packet::new_checked(b).and_then(|p| Ok((PacketRepr::parse(&p)?, p))),
+        // Malformed, as softrdma's receiver takes it.
+        Err(_) => Err(wire::Error::BadField {
+            header: "BTH",
+            reason: "filler flagged that is not zero or has no room",
+        }),
     };
-    let parsed = Packet::new_checked(unfilled).and_then(|p| Ok((PacketRepr::parse(&p)?, p)));
     let verdict = match &parsed {
         Err(e) => Verdict::Malformed(e.clone()),
         Ok(_) if icrc::verify(encap, payload) => Verdict::Ok,

@@ -553,10 +553,11 @@ impl Endpoint {
             }
         }
         // Filler a softrdma peer put before the ICRC (see `wire::fill`) comes off once the
-        // exact ICRC that covers it has passed; the packet is read without it. (A packet
-        // that passed only the ID-agnostic check comes from a foreign sender, for which the
-        // flag is a reserved bit.)
-        let pkt = match exact.then(|| crate::wire::fill::strip(bytes)) {
+        // exact ICRC that covers it has passed; the packet is read without it. For a QP set
+        // for a foreign peer, and for a packet that passed only the ID-agnostic check (a
+        // foreign sender), the flag is a reserved bit, ignored.
+        let to_foreign = self.qps.get(&qpn).is_some_and(|s| s.qp.foreign_peer());
+        let pkt = match (exact && !to_foreign).then(|| crate::wire::fill::strip(bytes)) {
             None => pkt,
             Some(Ok(b)) if b.len() == bytes.len() => pkt,
             Some(Ok(b)) => match Packet::new_checked(b) {

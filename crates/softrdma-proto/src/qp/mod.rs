@@ -585,6 +585,13 @@ impl QueuePair {
         self.peer_fills
     }
 
+    /// Takes the peer for one that takes filler off (or not) without waiting for its
+    /// packets to say so: for tests of the framing on its own.
+    #[doc(hidden)]
+    pub fn set_peer_takes_fill(&mut self, on: bool) {
+        self.peer_fills = on;
+    }
+
     /// Whether the peer's requests have said that it splits bundles.
     pub fn peer_splits_bundles(&self) -> bool {
         self.peer_splits

@@ -220,6 +220,37 @@ fn a_packet_is_built_whole_where_the_buffer_holds_it_and_its_tail_with_the_same_
 }
 
 #[test]
+fn a_filled_packet_is_the_same_bytes_whether_its_filler_goes_in_the_buffer_or_the_tail() {
+    // A WRITE of two full packets towards a peer that takes filler off: its LAST takes 16
+    // bytes of filler, built into a buffer that holds the packet and its tail, into one
+    // that holds only the headers (the filler goes in the tail), and into one that holds
+    // the packet but not its tail.
+    let mut ts = [T::new(QpType::Rc), T::new(QpType::Rc), T::new(QpType::Rc)];
+    ts[1].buf = vec![0; 64];
+    ts[2].buf = vec![0; 12 + 1024 + 8];
+    for t in &mut ts {
+        t.qp.set_peer_takes_fill(true);
+        t.post(1, SendOp::Write { remote_addr: 0x9000, rkey: Rkey(5) }, 100, 2048);
+    }
+    let encap = icrc::Encap::new(me(), peer()).unwrap();
+    for (k, want) in [(0, 12 + 16 + 1024 + 4), (1, 12 + 1024 + 16 + 4)] {
+        let mut bytes = Vec::new();
+        for t in &mut ts {
+            let tx = t.qp.poll_transmit(t.now, &mut t.buf, &t.mem).unwrap();
+            bytes.push(tx.assemble(&t.buf, &t.mem));
+        }
+        assert!(bytes.iter().all(|b| *b == bytes[0]), "packet {k}: the same bytes from each buffer");
+        let b = &bytes[0];
+        assert_eq!(b.len(), want, "packet {k}: as long as the FIRST");
+        assert!(icrc::verify(&encap, b), "packet {k}: the ICRC covers the filler");
+        assert_eq!(b[8] & crate::wire::fill::FILLED != 0, k == 1);
+        let unfilled = crate::wire::fill::strip(b).unwrap();
+        let p = Packet::new_checked(unfilled).unwrap();
+        assert_eq!(p.payload(), &ts[0].bytes()[100 + k * 1024..100 + (k + 1) * 1024]);
+    }
+}
+
+#[test]
 fn a_send_is_cut_at_the_mtu_and_completes_on_the_ack_of_its_last_psn() {
     let mut t = T::new(QpType::Rc);
     t.post(1, SendOp::Send, 0, 2500);
