@@ -558,7 +558,6 @@ use softrdma_proto::wire::icrc;
 #[test]
 fn a_bundled_ack_decodes_as_the_two_packets_it_carries() {
     use softrdma_proto::wire::bundle::BUNDLED_ACK;
-    use softrdma_proto::wire::ip::{Ipv4Repr, UdpRepr};
     let (src, dst) = ("10.0.0.1:4791".parse().unwrap(), "10.0.0.2:4791".parse().unwrap());
     let encap = icrc::Encap::new(src, dst).unwrap();
     // A SEND ONLY (0x04) that carries the ACK (0x11) of the peer's PSN 7.
@@ -567,34 +566,9 @@ fn a_bundled_ack_decodes_as_the_two_packets_it_carries() {
         d.extend(roce_packet(0x11, 7, &[], true, 0, &encap));
         d
     };
-    let datagram = |roce: &[u8]| {
-        let udp_len = (8 + roce.len()) as u16;
-        let (std::net::SocketAddr::V4(s), std::net::SocketAddr::V4(d)) = (src, dst) else { unreachable!() };
-        let mut ip = vec![0u8; 28];
-        Ipv4Repr::canonical(*s.ip(), *d.ip(), 2, udp_len).unwrap().emit((&mut ip[..20]).try_into().unwrap());
-        let udp = UdpRepr { src_port: 4791, dst_port: 4791, length: udp_len, checksum: 0 };
-        udp.emit((&mut ip[20..28]).try_into().unwrap());
-        ip.extend_from_slice(roce);
-        ip
-    };
-    // A classic pcap of raw IP frames.
-    let pcap = |frames: &[Vec<u8>]| {
-        let mut out = Vec::new();
-        for v in [0xA1B2_C3D4u32, 0x0004_0002, 0, 0, 65535, 101] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        // The second field packs version 2.4 as two u16s.
-        out[4..8].copy_from_slice(&[2, 0, 4, 0]);
-        for f in frames {
-            for v in [0u32, 0, f.len() as u32, f.len() as u32] {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-            out.extend_from_slice(f);
-        }
-        out
-    };
+    let datagram = |roce: &[u8]| ipv4_datagram(src, dst, roce);
     let path = tmp("bundle.pcap");
-    std::fs::write(&path, pcap(&[datagram(&bundle(BUNDLED_ACK))])).unwrap();
+    std::fs::write(&path, raw_ip_pcap(&[datagram(&bundle(BUNDLED_ACK))])).unwrap();
     let o = decode(&[&path], false);
     let text = stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{text}");
@@ -610,8 +584,62 @@ fn a_bundled_ack_decodes_as_the_two_packets_it_carries() {
     );
     // Without the flag, the same bytes are one SEND ONLY with 20 bytes too many for its
     // ICRC: decode does not guess.
-    std::fs::write(&path, pcap(&[datagram(&bundle(0))])).unwrap();
+    std::fs::write(&path, raw_ip_pcap(&[datagram(&bundle(0))])).unwrap();
     let o = decode(&[&path], false);
     std::fs::remove_file(&path).unwrap();
     assert_eq!(summary(&o).0, "1 packets, 0 icrc-ok, 1 icrc-bad, 0 malformed", "{}", stdout(&o));
+}
+
+/// An IPv4 datagram from `src` to `dst` (port 4791) carrying `roce`.
+fn ipv4_datagram(src: std::net::SocketAddr, dst: std::net::SocketAddr, roce: &[u8]) -> Vec<u8> {
+    use softrdma_proto::wire::ip::{Ipv4Repr, UdpRepr};
+    let udp_len = (8 + roce.len()) as u16;
+    let (std::net::SocketAddr::V4(s), std::net::SocketAddr::V4(d)) = (src, dst) else { unreachable!() };
+    let mut ip = vec![0u8; 28];
+    Ipv4Repr::canonical(*s.ip(), *d.ip(), 2, udp_len).unwrap().emit((&mut ip[..20]).try_into().unwrap());
+    let udp = UdpRepr { src_port: 4791, dst_port: 4791, length: udp_len, checksum: 0 };
+    udp.emit((&mut ip[20..28]).try_into().unwrap());
+    ip.extend_from_slice(roce);
+    ip
+}
+
+/// A classic pcap of raw IP frames.
+fn raw_ip_pcap(frames: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for v in [0xA1B2_C3D4u32, 0x0004_0002, 0, 0, 65535, 101] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    // The second field packs version 2.4 as two u16s.
+    out[4..8].copy_from_slice(&[2, 0, 4, 0]);
+    for f in frames {
+        for v in [0u32, 0, f.len() as u32, f.len() as u32] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(f);
+    }
+    out
+}
+
+#[test]
+fn filler_is_read_past_and_filler_that_cannot_be_is_malformed() {
+    use softrdma_proto::wire::fill::FILLED;
+    let (src, dst) = ("10.0.0.1:4791".parse().unwrap(), "10.0.0.2:4791".parse().unwrap());
+    let encap = icrc::Encap::new(src, dst).unwrap();
+    // An RC WRITE MIDDLE (0x07) of 64 bytes with 16 bytes of filler, zero or not, its ICRC
+    // made for the whole.
+    let filled = |filler: u8| {
+        let mut payload = vec![0x5Au8; 64];
+        payload.extend([filler; 16]);
+        roce_packet(0x07, 9, &payload, false, FILLED, &encap)
+    };
+    let path = tmp("filler.pcap");
+    std::fs::write(&path, raw_ip_pcap(&[ipv4_datagram(src, dst, &filled(0))])).unwrap();
+    let o = decode(&[&path], false);
+    let text = stdout(&o);
+    assert_eq!(summary(&o).0, "1 packets, 1 icrc-ok, 0 icrc-bad, 0 malformed", "{text}");
+    assert!(text.contains("RDMA_WRITE_MIDDLE") && text.contains("len=64 filler=16 icrc=ok"), "{text}");
+    std::fs::write(&path, raw_ip_pcap(&[ipv4_datagram(src, dst, &filled(1))])).unwrap();
+    let o = decode(&[&path], false);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(summary(&o).0, "1 packets, 0 icrc-ok, 0 icrc-bad, 1 malformed", "{}", stdout(&o));
 }
