@@ -33,7 +33,7 @@ use crate::memory::{Memory, PdId};
 use crate::qp::{QpConfig, QpType, QueuePair, Srq, SrqId, Transmit};
 use crate::wire::mad::MAD_LEN;
 use crate::wire::{
-    bundle, icrc, pkey_match, BthRepr, DethRepr, Opcode, Operation, Packet, PacketRepr, Transport,
+    bundle, fill, icrc, pkey_match, BthRepr, DethRepr, Opcode, Operation, Packet, PacketRepr, Transport,
     DEFAULT_PKEY,
 };
 use crate::{Psn, Qkey, Qpn};
@@ -556,8 +556,9 @@ impl Endpoint {
         // exact ICRC that covers it has passed; the packet is read without it. For a QP set
         // for a foreign peer, and for a packet that passed only the ID-agnostic check (a
         // foreign sender), the flag is a reserved bit, ignored.
-        let to_foreign = self.qps.get(&qpn).is_some_and(|s| s.qp.foreign_peer());
-        let pkt = match (exact && !to_foreign).then(|| crate::wire::fill::strip(bytes)) {
+        let flagged = bytes.get(fill::FLAG_BYTE).is_some_and(|b| b & fill::FILLED != 0);
+        let strip = flagged && exact && !self.qps.get(&qpn).is_some_and(|s| s.qp.foreign_peer());
+        let pkt = match strip.then(|| fill::strip(bytes)) {
             None => pkt,
             Some(Ok(b)) if b.len() == bytes.len() => pkt,
             Some(Ok(b)) => match Packet::new_checked(b) {
