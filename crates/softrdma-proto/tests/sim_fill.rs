@@ -261,4 +261,22 @@ fn a_filled_packet_that_cannot_be_is_dropped_and_its_message_still_lands() {
     assert_eq!(p.sim.nodes[1].endpoint.stats().malformed, 1);
     assert_eq!(p.send_statuses(), [(1, WcStatus::Success), (2, WcStatus::Success)]);
     assert!(p.bytes(1)[8192..8192 + 4096] == a0[100..100 + 4096], "the resent packet landed");
+    // A filled MIDDLE with no payload and a pad count of 3: room for the filler, but what
+    // is left has fewer bytes than its pad. Malformed, and the QP carries on.
+    let middle = Opcode::from_parts(Transport::Rc, Operation::RdmaWriteMiddle).unwrap().code();
+    let mut d = vec![0u8; 12 + 16 + 4];
+    d[0] = middle;
+    d[1] = 3 << 4; // PadCnt
+    d[5..8].copy_from_slice(&p.qpn[1].get().to_be_bytes()[1..]);
+    d[fill::FLAG_BYTE] = fill::FILLED;
+    let crc = icrc::compute(&encap, &d[..28]);
+    d[28..].copy_from_slice(&crc.to_le_bytes());
+    assert_eq!(fill::strip(&d).map(<[u8]>::len), Ok(16), "the filler comes off");
+    let arrival = Arrival { src: Sim::addr_of(0), dst: Sim::addr_of(1), tos: 0 };
+    let node = &mut p.sim.nodes[1];
+    node.endpoint.handle_datagram(p.now, arrival, &d, &mut node.mem);
+    assert_eq!(p.sim.nodes[1].endpoint.stats().malformed, 2);
+    p.post(3, SendOp::Write { remote_addr: BASE + 16384, rkey }, 200, 4096);
+    p.run(&mut |_, _| {});
+    assert_eq!(p.send_statuses(), [(3, WcStatus::Success)]);
 }
