@@ -100,9 +100,9 @@ impl Pair {
         panic!("the pair never went quiet");
     }
 
-    /// Node 1 posts a receive (for a WRITE with immediate data, which consumes one).
-    fn post_recv(&mut self, wr_id: u64) {
-        let wr = RecvWr { wr_id, sg_list: sgl![Sge { addr: BASE, length: 0, lkey: self.keys[1].0 }] };
+    /// Node 1 posts a receive of `len` bytes at `at` in its region.
+    fn post_recv(&mut self, wr_id: u64, at: u64, len: u32) {
+        let wr = RecvWr { wr_id, sg_list: sgl![Sge { addr: BASE + at, length: len, lkey: self.keys[1].0 }] };
         self.sim.nodes[1].endpoint.qp_mut(self.qpn[1]).unwrap().post_recv(wr).unwrap();
     }
 
@@ -146,16 +146,20 @@ fn writes_and_read_responses_go_as_packets_of_one_size_and_land_exactly() {
     assert!(p.of(0, 0, &WRITES).iter().all(|d| !filled(d)));
     assert!(p.sim.nodes[0].endpoint.qp(p.qpn[0]).unwrap().peer_takes_fill());
     // Then: a WRITE of four full packets, one whose last packet is short, a READ of four,
-    // a WRITE with immediate data of two.
+    // a WRITE with immediate data of two, a SEND with immediate data of three.
     let mark = p.sent.len();
     p.post(2, SendOp::Write { remote_addr: BASE + 8192, rkey }, 100, 4096);
     p.post(3, SendOp::Write { remote_addr: BASE + 16384, rkey }, 5000, 2500);
     p.post(4, SendOp::Read { remote_addr: BASE + 30000, rkey }, 40000, 4096);
-    p.post_recv(70);
+    p.post_recv(70, 0, 0);
     p.post(5, SendOp::WriteWithImm { remote_addr: BASE + 50000, rkey, imm: 0xFEED }, 9000, 2048);
+    p.post_recv(71, 60000, 4096);
+    p.post(6, SendOp::SendWithImm(0xBEEF), 20000, 3072);
+    p.post_recv(72, 24000, 4096);
+    p.post(7, SendOp::Send, 28000, 2048);
     let (a0, b0) = (p.bytes(0), p.bytes(1));
     p.run(&mut |_, _| {});
-    let statuses: Vec<_> = (1..=5).map(|k| (k, WcStatus::Success)).collect();
+    let statuses: Vec<_> = (1..=7).map(|k| (k, WcStatus::Success)).collect();
     assert_eq!(p.send_statuses(), statuses);
     let qp1 = p.sim.nodes[1].endpoint.qp_mut(p.qpn[1]).unwrap();
     let wc = qp1.poll_recv_completion().expect("the immediate data's completion");
@@ -163,6 +167,29 @@ fn writes_and_read_responses_go_as_packets_of_one_size_and_land_exactly() {
         (wc.wr_id, wc.status, wc.opcode, wc.imm_data, wc.byte_len),
         (70, WcStatus::Success, WcOpcode::RecvRdmaWithImm, Some(0xFEED), 2048)
     );
+    let wc = qp1.poll_recv_completion().expect("the SEND's completion");
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.imm_data, wc.byte_len),
+        (71, WcStatus::Success, WcOpcode::Recv, Some(0xBEEF), 3072)
+    );
+    assert_eq!(qp1.poll_recv_completion().map(|wc| (wc.wr_id, wc.byte_len)), Some((72, 2048)));
+    // The SEND with immediate data: its LAST carries 4 bytes that its FIRST and MIDDLE
+    // make up with filler.
+    // A plain SEND's packets are all of one size already: no filler.
+    let ops =
+        [Operation::SendFirst, Operation::SendMiddle, Operation::SendLast, Operation::SendLastWithImmediate];
+    let sends = p.of(0, mark, &ops);
+    assert_eq!(
+        sends.iter().map(|d| (d.len(), filled(d))).collect::<Vec<_>>(),
+        [
+            (12 + 1024 + 4 + 4, true),
+            (12 + 1024 + 4 + 4, true),
+            (12 + 4 + 1024 + 4, false),
+            (12 + 1024 + 4, false),
+            (12 + 1024 + 4, false)
+        ]
+    );
+
     // Every packet of the full WRITE is as long as its FIRST (a RETH of 16 bytes); the
     // MIDDLE and LAST packets are flagged.
     let writes = p.of(0, mark, &WRITES);
@@ -201,6 +228,8 @@ fn writes_and_read_responses_go_as_packets_of_one_size_and_land_exactly() {
     want_b[8192..8192 + 4096].copy_from_slice(&a0[100..100 + 4096]);
     want_b[16384..16384 + 2500].copy_from_slice(&a0[5000..5000 + 2500]);
     want_b[50000..50000 + 2048].copy_from_slice(&a0[9000..9000 + 2048]);
+    want_b[60000..60000 + 3072].copy_from_slice(&a0[20000..20000 + 3072]);
+    want_b[24000..24000 + 2048].copy_from_slice(&a0[28000..28000 + 2048]);
     assert!(p.bytes(1) == want_b, "node 1's region");
     let mut want_a = a0.clone();
     want_a[40000..40000 + 4096].copy_from_slice(&b0[30000..30000 + 4096]);

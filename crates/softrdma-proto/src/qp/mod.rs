@@ -1163,6 +1163,11 @@ impl QueuePair {
     /// sent, and a runtime that places packets end to end hands the kernel one iovec per
     /// GSO train (three per packet cost the kernel a fifth of its throughput on
     /// loopback). Otherwise the segments stay in the `Transmit`, to be gathered again.
+    ///
+    /// `longer_last`: the packet belongs to a message whose LAST packet carries a header
+    /// its other packets lack (a SEND with immediate data or an invalidate key), which a
+    /// full FIRST or MIDDLE then makes up with filler (see `wire::fill`).
+    #[allow(clippy::too_many_arguments)]
     fn finish_packet(
         &self,
         dst: SocketAddr,
@@ -1170,6 +1175,7 @@ impl QueuePair {
         head_len: usize,
         payload: Segments,
         pad: usize,
+        longer_last: bool,
         mem: &dyn Memory,
     ) -> Result<Transmit, crate::memory::MemError> {
         let seg_len: usize = payload.iter().map(|s| s.len as usize).sum();
@@ -1179,7 +1185,15 @@ impl QueuePair {
         // takes filler off, is filled to its first packet's length (see `wire::fill`).
         let fill = match opcode {
             Some(op) if towards_softrdma && self.peer_fills && seg_len == self.mtu.bytes() as usize => {
-                fill::len(op)
+                match op.operation() {
+                    // A SEND's FIRST and MIDDLE lack only what its LAST may carry.
+                    crate::wire::Operation::SendFirst | crate::wire::Operation::SendMiddle
+                        if !longer_last =>
+                    {
+                        0
+                    }
+                    _ => fill::len(op),
+                }
             }
             _ => 0,
         };

@@ -764,7 +764,8 @@ impl QueuePair {
         }
         let head_len = Self::emit_head(&repr, buf, inline)?;
         let pad = usize::from(crate::wire::pad_count(payload_len));
-        let tx = match self.finish_packet(dst, buf, head_len, payload, pad, mem) {
+        let longer_last = matches!(self.sq[i].op, SendOp::SendWithImm(_) | SendOp::SendWithInv(_));
+        let tx = match self.finish_packet(dst, buf, head_len, payload, pad, longer_last, mem) {
             Ok(t) => match self.sq[i].ud {
                 Some(ud) => Transmit { tos: ud.traffic_class, ..t },
                 // Connected requests are ECN-capable (ECT(0)) unless the address vector's
@@ -840,8 +841,9 @@ impl QueuePair {
         let mut repr = PacketRepr::new(BthRepr::new(opcode, self.dest_qpn, psn), 0);
         repr.ext.reth = Some(reth);
         let head_len = Self::emit_head(&repr, buf, &[])?;
-        let t =
-            self.finish_packet(self.remote?, buf, head_len, crate::memory::Segments::Empty, 0, mem).ok()?;
+        let t = self
+            .finish_packet(self.remote?, buf, head_len, crate::memory::Segments::Empty, 0, false, mem)
+            .ok()?;
         self.stats.packets_sent += 1;
         self.stats.retransmits += 1;
         self.req.read_asked_at = Some(now);

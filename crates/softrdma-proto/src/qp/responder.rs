@@ -832,7 +832,9 @@ impl QueuePair {
                     PsnBits::BYTES,
                 );
                 let head_len = Self::emit_head(&repr, buf, &bits.to_le_bytes())?;
-                return self.finish_packet(dst, buf, head_len, crate::memory::Segments::Empty, 0, mem).ok();
+                return self
+                    .finish_packet(dst, buf, head_len, crate::memory::Segments::Empty, 0, false, mem)
+                    .ok();
             }
             Answer::Cnp => {
                 let mut bth = BthRepr::new(Opcode::new(0x81)?, dest_qp, Psn::new(0));
@@ -882,7 +884,7 @@ impl QueuePair {
         }
         let head_len = repr.emit_headers(buf).ok()?;
         let pad = usize::from(pad_count(repr.payload_len));
-        match self.finish_packet(dst, buf, head_len, payload, pad, mem) {
+        match self.finish_packet(dst, buf, head_len, payload, pad, false, mem) {
             Ok(t) => Some(t),
             Err(_) => {
                 // The region went away while its READ was being answered.

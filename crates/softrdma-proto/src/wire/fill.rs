@@ -19,7 +19,8 @@
 //!
 //! The number of filler bytes follows from the opcode ([`len`]): 16 on a WRITE MIDDLE or
 //! LAST (the RETH), 12 on a WRITE LAST with immediate (which carries 4 of its own), 4 on
-//! a READ response MIDDLE (the AETH). The ICRC covers the filler and the flag, a reserved
+//! a READ response MIDDLE (the AETH), 4 on the FIRST and MIDDLE packets of a SEND whose
+//! LAST carries immediate data or an invalidate key. The ICRC covers the filler and the flag, a reserved
 //! bit after AckReq (see [`crate::wire::bundle`] for the two before it). A receiver that
 //! finds the flag on a packet whose exact ICRC check passed takes the filler off before
 //! it reads the packet ([`strip`]); filler that is not zero, or a packet too short to hold
@@ -39,13 +40,17 @@ pub const FILLED: u8 = 0x08;
 /// packet of an RC or UC QP towards a softrdma peer.
 pub const TAKES_FILL: u8 = 0x10;
 
-/// The filler a full packet with opcode `op` takes to match its message's first packet;
-/// 0 for an opcode whose packets never take any.
+/// The filler a full packet with opcode `op` takes to match its message's longest packet;
+/// 0 for an opcode whose packets never take any. A SEND's FIRST and MIDDLE take it only in
+/// a message whose LAST carries immediate data or an invalidate key: the sender knows, and
+/// flags them; the receiver reads the flag.
 pub fn len(op: Opcode) -> usize {
     match op.operation() {
         Operation::RdmaWriteLastWithImmediate => 12,
         Operation::RdmaWriteMiddle | Operation::RdmaWriteLast => 16,
         Operation::RdmaReadResponseMiddle => 4,
+        // Only in a message whose LAST carries immediate data or an invalidate key.
+        Operation::SendFirst | Operation::SendMiddle => 4,
         _ => 0,
     }
 }
@@ -96,9 +101,11 @@ mod tests {
             assert_eq!(len(code(t, RdmaWriteMiddle)), 16);
             assert_eq!(len(code(t, RdmaWriteLast)), 16);
             assert_eq!(len(code(t, RdmaWriteLastWithImmediate)), 12);
-            for op in [RdmaWriteFirst, RdmaWriteOnly, SendFirst, SendMiddle, SendLast, SendOnly] {
+            for op in [RdmaWriteFirst, RdmaWriteOnly, SendLast, SendLastWithImmediate, SendOnly] {
                 assert_eq!(len(code(t, op)), 0, "{op:?}");
             }
+            assert_eq!(len(code(t, SendFirst)), 4);
+            assert_eq!(len(code(t, SendMiddle)), 4);
         }
         assert_eq!(len(code(Transport::Rc, RdmaReadResponseMiddle)), 4);
         for op in [RdmaReadResponseFirst, RdmaReadResponseLast, RdmaReadResponseOnly, Acknowledge] {
@@ -141,7 +148,7 @@ mod tests {
         assert_eq!(strip(&p).map(<[u8]>::len), Ok(16));
         // On an opcode that takes none, the flag is a reserved bit: the packet stays whole.
         let mut p = middle(256, FILLED, 0);
-        p[0] = code(Transport::Rc, Operation::SendMiddle).code();
+        p[0] = code(Transport::Rc, Operation::SendLast).code();
         assert_eq!(strip(&p), Ok(&p[..]));
     }
 }
