@@ -3,15 +3,16 @@
 //!
 //! A runtime hands the kernel a run of equal-sized packets as one GSO train (one datagram
 //! to the socket layer, cut into segments below it), but a train's segments must all be
-//! the size of its first, only the last may be shorter. The packets of a SEND stream are
-//! (a full PMTU of payload and a BTH each), so its trains run across messages. An RDMA
-//! WRITE's first packet carries a RETH, 16 bytes that its MIDDLE and LAST packets lack,
-//! and a READ response's FIRST and LAST carry an AETH that its MIDDLE packets lack: every
-//! message breaks its train twice, and each break costs the kernel a datagram of its own
-//! on both sides (about 2 µs on this project's machines: a 16 KiB `write_bw` moved half
-//! the bytes of a 16 KiB `send_bw`). So towards a softrdma peer a full packet that lacks
-//! its message's longest header is sent with that many zero bytes of filler, which makes
-//! it as long as the first:
+//! the size of its first, only the last may be shorter. The packets of a plain SEND stream
+//! are (a full PMTU of payload and a BTH each), so its trains run across messages. An RDMA
+//! WRITE's first packet carries a RETH, 16 bytes that its MIDDLE and LAST packets lack, a
+//! READ response's FIRST and LAST carry an AETH that its MIDDLE packets lack, and a SEND
+//! with immediate data ends with 4 bytes its other packets lack: every such message breaks
+//! its train, and each break costs the kernel a datagram of its own on both sides (about
+//! 2 µs on this project's machines: a 16 KiB `write_bw` moved half the bytes of a 16 KiB
+//! `send_bw`). So towards a softrdma peer a full packet that lacks its message's longest
+//! header is sent with that many zero bytes of filler, which makes it as long as the
+//! message's longest packet:
 //!
 //! ```text
 //! | BTH (byte 8: 0x08 set), headers, payload, pad | filler: zero bytes | ICRC |
