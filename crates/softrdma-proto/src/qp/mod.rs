@@ -1185,15 +1185,7 @@ impl QueuePair {
         // takes filler off, is filled to its first packet's length (see `wire::fill`).
         let fill = match opcode {
             Some(op) if towards_softrdma && self.peer_fills && seg_len == self.mtu.bytes() as usize => {
-                match op.operation() {
-                    // A SEND's FIRST and MIDDLE lack only what its LAST may carry.
-                    crate::wire::Operation::SendFirst | crate::wire::Operation::SendMiddle
-                        if !longer_last =>
-                    {
-                        0
-                    }
-                    _ => fill::len(op),
-                }
+                fill::to_send(op, longer_last)
             }
             _ => 0,
         };

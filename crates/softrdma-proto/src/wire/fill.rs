@@ -56,6 +56,16 @@ pub fn len(op: Opcode) -> usize {
     }
 }
 
+/// The filler a sender puts in a full packet with opcode `op` (see [`len`]):
+/// `longer_last`, the packet's message ends with immediate data or an invalidate key,
+/// which a plain SEND's FIRST and MIDDLE do not make up for.
+pub fn to_send(op: Opcode, longer_last: bool) -> usize {
+    match op.operation() {
+        Operation::SendFirst | Operation::SendMiddle if !longer_last => 0,
+        _ => len(op),
+    }
+}
+
 /// The packet in `datagram` (one packet, not a bundle) without its filler, if it is flagged
 /// for some; `Err` for a flagged packet that cannot carry it (too short to hold a BTH, the
 /// filler and an ICRC, or filler that is not zero). On an opcode that takes no filler the
