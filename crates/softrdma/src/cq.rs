@@ -578,17 +578,11 @@ impl CompletionChannel {
             fds[0] = self.shared.efd.as_raw_fd();
             let n = 1 + link.len().min(7);
             fds[1..n].copy_from_slice(&link[..n - 1]);
-            let engine = &self.ctx.engine;
-            let watching = engine.app_watch_begin();
-            // Under the lean hand-back this thread runs the protocol's timers while it
-            // watches: it wakes for the next one (see `EventWake`).
-            let timer = engine.until_timer();
-            let wait = timer.map_or(left, |t| t.min(left));
-            engine.watch_plan(wait);
-            let ready = sys::wait_readable_any(&fds[..n], Some(wait))?;
-            if ready & !1 != 0 || (ready == 0 && timer.is_some_and(|t| t <= left)) {
+            let watching = self.ctx.engine.app_watch_begin();
+            let ready = sys::wait_readable_any(&fds[..n], Some(left))?;
+            if ready & !1 != 0 {
                 let _delivering = Delivering::to(&self.shared);
-                engine.try_progress_quiet();
+                self.ctx.engine.try_progress_quiet();
             }
             drop(watching);
         }

@@ -30,7 +30,7 @@ use softrdma_proto::{Lkey, Qpn};
 
 use crate::link::{Link, OutMsg, RX_BATCH};
 use crate::memory::{MrInner, Registry};
-use crate::sys::{self, EventFd, TimerFd};
+use crate::sys::{self, EventFd};
 use crate::{Error, Result};
 
 /// Packets built per `sendmmsg` call (GSO trains count each of their packets).
@@ -409,19 +409,6 @@ pub(crate) struct Engine {
     /// themselves (and process what arrives): while there are any, the progress thread
     /// stays off the link, so that an arrival wakes one thread, not two.
     app_watching: AtomicU64,
-    /// The lean hand-back (see [`EventWake`]): the timer the napping progress thread
-    /// also waits on, armed by the last watcher to leave. `None`: the warm one.
-    handback: Option<TimerFd>,
-    /// `handback` was armed and not seen to fire or disarmed since.
-    handback_armed: AtomicBool,
-    /// Under the lean hand-back, the protocol's earliest deadline (ns since `epoch`;
-    /// u64::MAX: none) as of the last pass or nudge: a watcher wakes for it and runs the
-    /// timers, so that the progress thread need not.
-    timer_at: AtomicU64,
-    /// The latest a watcher will wake (ns since `epoch`): a deadline at or after it is the
-    /// watcher's to meet. u64::MAX with no watcher; 0 once a watcher of several left
-    /// (the others' plans are unknown, so none is relied on).
-    watch_until: AtomicU64,
     /// `Core::async_efd`'s descriptor.
     async_fd: RawFd,
     /// CM events wait in `Core::cm_out`.
@@ -441,80 +428,17 @@ fn on_unless_env(name: &str) -> bool {
     !matches!(std::env::var(name).as_deref(), Ok("0" | "off" | "no"))
 }
 
-/// How the link goes back to the progress thread when the last application thread
-/// watching it (blocked on a completion channel, see `CompletionChannel::get_event`)
-/// returns with its event.
-///
-/// An event-mode ping-pong's thread leaves and comes back for every message. `Warm` wakes
-/// the progress thread at each departure, which finds the watcher back and naps again:
-/// a second context switch per message, which on a VM whose idle vCPUs halt (a sleeping
-/// thread woken from another vCPU there takes ~30 us) keeps both vCPUs busy enough that
-/// the next wake-up is fast. `Lean` wakes no one: the departing watcher arms a timer of
-/// [`HANDBACK_DELAY`] that the progress thread also naps on, and the next departure moves
-/// it on, so while the watcher keeps coming back sooner than that, the progress thread
-/// sleeps through (one context switch per message, on the waiting thread); a watcher that
-/// stays away hands the link over when the timer fires. Where wake-ups are fast, lean is
-/// faster and cheaper (on one vCPU: 4.9 against 9.2–9.8 us a message); where they are
-/// slow, warm is faster (on this 2-vCPU VM: 7–9 against 28–30 us) at twice the CPU.
-/// `SOFTRDMA_EVENT_WAKE=lean|warm` chooses; unset, lean where the process has one CPU to
-/// run on (no other CPU to keep warm), warm otherwise.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum EventWake {
-    Warm,
-    Lean,
-}
-
-impl EventWake {
-    fn from_env() -> EventWake {
-        let cpus = std::thread::available_parallelism().map_or(2, usize::from);
-        EventWake::choose(std::env::var("SOFTRDMA_EVENT_WAKE").ok().as_deref(), cpus)
-    }
-
-    /// The choice for the variable's value `var` on a process with `cpus` CPUs.
-    fn choose(var: Option<&str>, cpus: usize) -> EventWake {
-        match var {
-            Some("lean") => EventWake::Lean,
-            Some("warm") => EventWake::Warm,
-            _ if cpus <= 1 => EventWake::Lean,
-            _ => EventWake::Warm,
-        }
-    }
-}
-
-/// How long a watcher that left (an event-mode thread returning with its event) keeps
-/// the link under the lean hand-back before the progress thread takes it back, unless a
-/// watcher is back first.
-const HANDBACK_DELAY: Duration = Duration::from_micros(50);
-
 /// An application thread watching the link; dropping it (however the wait ends) hands the
 /// link back to the progress thread if it was the last watcher. With the progress
 /// thread's side (it sets `napping`, then looks at `app_watching`, all sequentially
 /// consistent), either the progress thread sees no watcher and does not nap off the link,
-/// or the last watcher sees it napping and wakes it — at once (warm), or by the timer it
-/// naps on, [`HANDBACK_DELAY`] later (lean; see [`EventWake`]).
-///
-/// Under the lean hand-back a watcher that arrives disarms the timer if it is armed
-/// (`handback_armed`). An arming and a disarming can race only when a watcher arrives as
-/// the last one leaves; then the arriving one watches, and whatever the timer is left in,
-/// the worst is a needless wake-up of the progress thread, which finds the link watched
-/// and naps again. The timer is never left disarmed with the link unwatched: a disarm
-/// comes from a watcher that counted itself in first, and the arming that hands its
-/// watch back comes after it, from the last one to leave.
+/// or the last watcher sees it napping and wakes it.
 pub(crate) struct WatchGuard<'a>(&'a Engine);
 
 impl Drop for WatchGuard<'_> {
     fn drop(&mut self) {
-        let e = self.0;
-        let last = e.app_watching.fetch_sub(1, Ordering::SeqCst) == 1;
-        e.watch_until.store(if last { u64::MAX } else { 0 }, Ordering::SeqCst);
-        if last && e.napping.load(Ordering::SeqCst) {
-            match &e.handback {
-                Some(timer) => {
-                    e.handback_armed.store(true, Ordering::SeqCst);
-                    timer.set(Some(HANDBACK_DELAY));
-                }
-                None => e.wake.signal(),
-            }
+        if self.0.app_watching.fetch_sub(1, Ordering::SeqCst) == 1 && self.0.napping.load(Ordering::SeqCst) {
+            self.0.wake.signal();
         }
     }
 }
@@ -614,13 +538,6 @@ impl Engine {
             polled_nap: AtomicBool::new(false),
             napping: AtomicBool::new(false),
             app_watching: AtomicU64::new(0),
-            handback: match EventWake::from_env() {
-                EventWake::Lean => Some(TimerFd::new()?),
-                EventWake::Warm => None,
-            },
-            handback_armed: AtomicBool::new(false),
-            timer_at: AtomicU64::new(u64::MAX),
-            watch_until: AtomicU64::new(u64::MAX),
             cm_waiting: AtomicBool::new(false),
             cm_turn: Mutex::new(()),
             selective: on_unless_env("SOFTRDMA_SELECTIVE"),
@@ -1622,9 +1539,6 @@ impl Engine {
             }
         }
         self.flush_at(core, now);
-        if self.handback.is_some() {
-            self.timer_at.store(core.endpoint.poll_timeout().map_or(u64::MAX, ns), Ordering::SeqCst);
-        }
         if received {
             stage!(PassDone);
         }
@@ -1845,40 +1759,9 @@ impl Engine {
     /// [`Self::nudge`], leaving the signal to the caller: whether it must wake the thread.
     fn nudge_later(&self, core: &mut Core) -> bool {
         let Some(deadline) = core.endpoint.poll_timeout() else { return false };
-        let d = ns(deadline);
-        if self.handback.is_some() {
-            // Lean: a watcher that wakes by then runs it (it read `timer_at` before it
-            // slept, or reads it before it sleeps again).
-            self.timer_at.fetch_min(d, Ordering::SeqCst);
-            let watched = self.app_watching.load(Ordering::SeqCst) > 0;
-            if watched && d >= self.watch_until.load(Ordering::SeqCst) {
-                return false;
-            }
-            // A watcher has just left (the hand-back timer runs): it reads the deadline
-            // when it is back, or the progress thread runs it when the timer fires, at
-            // most the hand-back delay late.
-            if !watched && self.handback_armed.load(Ordering::SeqCst) {
-                return false;
-            }
-        }
         // Lowered first: a progress thread that wakes and finds the link watched plans its
         // next nap from it without a pass (see `run`).
-        d < self.sleeping_until.fetch_min(d, Ordering::AcqRel)
-    }
-
-    /// Under the lean hand-back, how long a watcher may sleep before a protocol timer is
-    /// due (it then runs a pass); `None` with no timer or under the warm one.
-    pub(crate) fn until_timer(&self) -> Option<Duration> {
-        self.handback.as_ref()?;
-        let at = self.timer_at.load(Ordering::SeqCst);
-        (at != u64::MAX).then(|| Duration::from_nanos(at.saturating_sub(ns(self.now()))))
-    }
-
-    /// A watcher will wake `after` from now at the latest.
-    pub(crate) fn watch_plan(&self, after: Duration) {
-        if self.handback.is_some() {
-            self.watch_until.fetch_min(ns(self.now() + after), Ordering::SeqCst);
-        }
+        ns(deadline) < self.sleeping_until.fetch_min(ns(deadline), Ordering::AcqRel)
     }
 
     /// At the end of a polled nap: whether the poller is still at work, its passes
@@ -1955,11 +1838,6 @@ impl Engine {
     pub(crate) fn app_watch_begin(&self) -> WatchGuard<'_> {
         self.poller_leaves();
         self.app_watching.fetch_add(1, Ordering::SeqCst);
-        if let Some(timer) = &self.handback {
-            if self.handback_armed.swap(false, Ordering::SeqCst) {
-                timer.set(None);
-            }
-        }
         WatchGuard(self)
     }
 
@@ -2015,7 +1893,7 @@ impl Engine {
                     (a, b) => a.or(b),
                 }
             };
-            let skipped = std::mem::take(&mut skip);
+            skip = false;
             self.deliver_cm();
             let now = ns(self.now());
             let watched = self.app_watching.load(Ordering::Acquire) > 0;
@@ -2026,30 +1904,8 @@ impl Engine {
                 // polling thread runs the timers too (each of its passes does), so that nap
                 // need not end at the next one: a delayed ACK's 100 us would otherwise wake
                 // this thread for every message and make it fight the poller.
-                let until_timer = MAX_SLEEP.min(timeout.unwrap_or(Duration::MAX));
-                let nap = match (watched, &self.handback) {
-                    (false, _) => polled.nap,
-                    (true, None) => until_timer,
-                    // Lean: the watcher runs the timers it wakes for; this thread wakes
-                    // for those it does not (a deadline set after the watcher slept, and
-                    // not covered by its plan, came with a nudge), and otherwise for the
-                    // hand-back or the longest nap.
-                    (true, Some(_)) => {
-                        let covered =
-                            |d: Duration| ns(self.now() + d) >= self.watch_until.load(Ordering::SeqCst);
-                        if skipped || !timeout.is_some_and(covered) {
-                            until_timer
-                        } else {
-                            MAX_SLEEP
-                        }
-                    }
-                };
-                if watched && self.handback.is_some() && !skipped {
-                    // What this thread really sleeps until, which nudges compare with.
-                    self.sleeping_until.store(now + ns(nap), Ordering::Release);
-                } else {
-                    self.sleeping_until.fetch_min(now + ns(nap), Ordering::AcqRel);
-                }
+                let nap = if watched { MAX_SLEEP.min(timeout.unwrap_or(Duration::MAX)) } else { polled.nap };
+                self.sleeping_until.fetch_min(now + ns(nap), Ordering::AcqRel);
                 self.napping.store(true, Ordering::SeqCst);
                 // The last watcher may have left since `watched` was read, before it could
                 // see `napping`: then do not nap (see `WatchGuard`).
@@ -2057,18 +1913,7 @@ impl Engine {
                     self.polled_nap.store(true, Ordering::SeqCst);
                 }
                 if !watched || self.app_watching.load(Ordering::SeqCst) > 0 {
-                    match &self.handback {
-                        Some(timer) => {
-                            let fds = [self.wake.as_raw_fd(), timer.as_raw_fd()];
-                            if let Ok([_, true]) = sys::wait_readable(fds, Some(nap)) {
-                                timer.drain();
-                                self.handback_armed.store(false, Ordering::SeqCst);
-                            }
-                        }
-                        None => {
-                            let _ = sys::wait_readable([self.wake.as_raw_fd()], Some(nap));
-                        }
-                    }
+                    let _ = sys::wait_readable([self.wake.as_raw_fd()], Some(nap));
                 }
                 self.napping.store(false, Ordering::SeqCst);
                 // Woken by a watcher that left (an event-mode thread returning with its
@@ -2125,19 +1970,7 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use super::{EventWake, IoStats, PolledNap};
-
-    #[test]
-    fn the_hand_back_is_lean_on_one_cpu_or_when_asked_and_warm_otherwise() {
-        assert_eq!(EventWake::choose(None, 1), EventWake::Lean);
-        assert_eq!(EventWake::choose(None, 2), EventWake::Warm);
-        assert_eq!(EventWake::choose(None, 64), EventWake::Warm);
-        assert_eq!(EventWake::choose(Some("lean"), 16), EventWake::Lean);
-        assert_eq!(EventWake::choose(Some("warm"), 1), EventWake::Warm);
-        // Anything else is as unset.
-        assert_eq!(EventWake::choose(Some("fast"), 2), EventWake::Warm);
-        assert_eq!(EventWake::choose(Some(""), 1), EventWake::Lean);
-    }
+    use super::{IoStats, PolledNap};
 
     #[test]
     fn io_stats_add_up() {

@@ -77,54 +77,6 @@ impl AsRawFd for EventFd {
     }
 }
 
-/// A one-shot timer a thread can wait on with `poll` (a non-blocking timerfd on the
-/// monotonic clock): arming and disarming it are system calls that wake no one.
-#[derive(Debug)]
-pub(crate) struct TimerFd {
-    fd: OwnedFd,
-}
-
-impl TimerFd {
-    pub(crate) fn new() -> io::Result<TimerFd> {
-        // SAFETY: timerfd_create takes no pointers; a non-negative result is a new fd we own.
-        let fd =
-            unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a fresh, valid descriptor nobody else owns.
-        Ok(TimerFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
-    }
-
-    /// Makes the fd readable `after` from now (at least 1 ns), once; `None` disarms it.
-    /// Either way an expiry not yet read is forgotten.
-    pub(crate) fn set(&self, after: Option<Duration>) {
-        let after = after.map_or(Duration::ZERO, |d| d.max(Duration::from_nanos(1)));
-        let spec = libc::itimerspec {
-            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
-            it_value: libc::timespec {
-                tv_sec: after.as_secs().min(i64::MAX as u64) as libc::time_t,
-                tv_nsec: after.subsec_nanos() as libc::c_long,
-            },
-        };
-        // SAFETY: our own fd; spec is a valid itimerspec; the old value is not asked for.
-        unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
-    }
-
-    /// Reads an expiry, if one is pending. Never blocks.
-    pub(crate) fn drain(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a valid u64 from our own non-blocking fd.
-        unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-    }
-}
-
-impl AsRawFd for TimerFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-}
-
 /// Waits until one of `fds` is readable or `timeout` passes (`None`: forever). Returns
 /// which fds are readable.
 pub(crate) fn wait_readable<const N: usize>(
