@@ -80,8 +80,8 @@ pub(crate) struct CqShared {
 }
 
 impl CompletionSink for CqShared {
-    fn push(&self, wc: WorkCompletion) -> bool {
-        self.push_wc(wc)
+    fn push_all(&self, next: &mut dyn FnMut() -> Option<WorkCompletion>) -> bool {
+        self.push_wcs(next)
     }
     fn id(&self) -> u32 {
         self.id
@@ -97,22 +97,32 @@ impl CqShared {
         self.shards.fetch_or(1 << (k % 64), Ordering::Relaxed);
     }
 
-    /// Queues a completion; false if the CQ is now over its size (an overrun: the
-    /// completion is kept, the caller raises the error).
-    fn push_wc(&self, wc: WorkCompletion) -> bool {
+    /// Queues the completions `next` yields, under one taking of the lock; false if the
+    /// CQ is then over its size (an overrun: the completions are kept, the caller raises
+    /// the error). The channel fires once for the lot if any of them would have fired it
+    /// alone, and waiting tasks wake once.
+    fn push_wcs(&self, next: &mut dyn FnMut() -> Option<WorkCompletion>) -> bool {
+        // Nothing to queue (a QP with receive completions only, say): no lock taken.
+        let Some(first) = next() else { return true };
+        let mut solicited = false;
         let len = {
             let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(stamps) = &self.stamps {
-                // Lock order: q, then stamps.
-                stamps.lock().unwrap_or_else(|p| p.into_inner()).push_back(completion_clock_ns());
+            // Lock order: q, then stamps.
+            let mut stamps = self.stamps.as_ref().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()));
+            let mut wc = Some(first);
+            while let Some(c) = wc {
+                if let Some(stamps) = stamps.as_mut() {
+                    stamps.push_back(completion_clock_ns());
+                }
+                solicited |= c.solicited || c.status as u32 != 0;
+                q.push_back(c);
+                wc = next();
             }
-            q.push_back(wc);
             self.queued.store(q.len(), Ordering::SeqCst);
             q.len()
         };
         let armed = self.armed.load(Ordering::SeqCst);
-        let fire =
-            armed == ARMED_ANY || (armed == ARMED_SOLICITED && (wc.solicited || wc.status as u32 != 0));
+        let fire = armed == ARMED_ANY || (armed == ARMED_SOLICITED && solicited);
         if fire {
             let mode = self.armed.swap(DISARMED, Ordering::AcqRel);
             if mode != DISARMED {
@@ -122,8 +132,8 @@ impl CqShared {
             }
         }
         // A load first (SeqCst, after the SeqCst store of `queued`: a task that registers
-        // and then looks at the queue sees this completion, or this sees its flag), the
-        // swap only when set: an atomic read-modify-write per completion saved.
+        // and then looks at the queue sees these completions, or this sees its flag), the
+        // swap only when set: an atomic read-modify-write per delivery saved.
         if self.has_wakers.load(Ordering::SeqCst) && self.has_wakers.swap(false, Ordering::SeqCst) {
             let wakers = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|p| p.into_inner()));
             wakers.into_iter().for_each(Waker::wake);

@@ -147,9 +147,10 @@ const MAX_UNANNOUNCED: usize = 4096;
 /// Where the engine puts a QP's completions: a completion queue, as far as the engine
 /// knows nothing more.
 pub(crate) trait CompletionSink: Send + Sync + std::fmt::Debug {
-    /// Queues a completion; false if the sink is now over its size (an overrun: the
-    /// completion is kept, and the engine fails the QP).
-    fn push(&self, wc: WorkCompletion) -> bool;
+    /// Queues every completion `next` yields, in order (one taking of the sink's lock
+    /// for a QP's batch); false if the sink is then over its size (an overrun: the
+    /// completions are kept, and the engine fails the QP).
+    fn push_all(&self, next: &mut dyn FnMut() -> Option<WorkCompletion>) -> bool;
     /// The number events name the sink by.
     fn id(&self) -> u32;
     /// Completions queued and the sink's size (for introspection).
@@ -1700,15 +1701,12 @@ impl Engine {
             let Core { endpoint, routes, .. } = &mut *core;
             endpoint.poll_completions(|qp| {
                 let Some(route) = routes.get(&qp.qpn().get()) else { return };
-                while let Some(wc) = qp.poll_send_completion() {
-                    if !route.send.push(wc) && round == 0 {
-                        overrun.push((qp.qpn(), route.send.id()));
-                    }
+                let qpn = qp.qpn();
+                if !route.send.push_all(&mut || qp.poll_send_completion()) && round == 0 {
+                    overrun.push((qpn, route.send.id()));
                 }
-                while let Some(wc) = qp.poll_recv_completion() {
-                    if !route.recv.push(wc) && round == 0 {
-                        overrun.push((qp.qpn(), route.recv.id()));
-                    }
+                if !route.recv.push_all(&mut || qp.poll_recv_completion()) && round == 0 {
+                    overrun.push((qpn, route.recv.id()));
                 }
             });
             if overrun.is_empty() {

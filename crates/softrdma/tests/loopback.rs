@@ -271,6 +271,48 @@ fn qb_recv(qp: &softrdma::QueuePair, mr: &softrdma::MemoryRegion, id: u64) {
 }
 
 #[test]
+fn a_solicited_only_cq_fires_for_the_solicited_message_of_a_burst_and_not_before() {
+    let (ca, cb) = (ctx(26), ctx(27));
+    let ch = cb.create_channel().unwrap();
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let cqa = ca.create_cq(16, None).unwrap();
+    let cqb = cb.create_cq(16, Some(&ch)).unwrap();
+    let qa = pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
+    let qb = pb.prepare_qp(&QpBuilder::rc(), &cqb, &cqb).unwrap();
+    let mrb = pb.register(64, Access::LOCAL_WRITE).unwrap();
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
+    let qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
+    for id in 1..=6 {
+        qb_recv(&qb, &mrb, id);
+    }
+    let mra = pa.register(8, Access::NONE).unwrap();
+    let wr = |id, solicited| SendWr {
+        wr_id: id,
+        op: SendOp::Send,
+        sg_list: softrdma::sgl![mra.sge(0, 8).unwrap()],
+        flags: SendFlags { signaled: true, solicited, ..Default::default() },
+        ud: None,
+    };
+    cqb.req_notify(true).unwrap();
+    // Two unsolicited SENDs, one at a time: the second's completion at the sender proves
+    // the first was received and delivered (the receiver handled the second later).
+    for id in [1, 2] {
+        qa.post_send(wr(id, false)).unwrap();
+        assert_eq!(wait(&cqa).wr_id, id);
+    }
+    assert!(ch.try_get_event().is_none(), "a solicited-only CQ fired for an unsolicited completion");
+    // A burst posted in one call leaves in one train and is delivered in one pass: the
+    // solicited message, neither its first nor its last, fires the event.
+    assert_eq!(qa.post_send_many([3, 4, 5, 6].map(|id| wr(id, id == 5))).ok(), Some(4));
+    let cq = ch.get_event_timeout(Duration::from_secs(20)).unwrap().expect("an event for the solicited SEND");
+    assert_eq!(cq.id(), cqb.id());
+    ch.ack_events(1);
+    let got: Vec<u64> = (0..6).map(|_| wait(&cqb)).map(|w| w.wr_id).collect();
+    assert_eq!(got, [1, 2, 3, 4, 5, 6]);
+}
+
+#[test]
 fn an_event_whose_completions_were_polled_is_skipped_and_the_cq_stays_armed() {
     let (ca, cb) = (ctx(14), ctx(15));
     let ch = cb.create_channel().unwrap();
