@@ -234,7 +234,9 @@ fn event_mode_wakes_on_the_completion_channel() {
     // Blocks in poll(2) on the channel's fd until the progress thread delivers.
     let cq = ch.get_event().unwrap();
     assert_eq!(cq.id(), cqb.id());
+    assert_eq!(ch.unacked_events(), 1, "an event returned and not acknowledged");
     ch.ack_events(1);
+    assert_eq!(ch.unacked_events(), 0, "the event acknowledged");
     assert_eq!(cqb.poll_one().map(|w| w.wr_id), Some(1));
     // Disarmed after one event: more completions bring no event without another
     // req_notify; after one, the next does. Two SENDs, and the sender's completion of the
@@ -310,6 +312,50 @@ fn a_solicited_only_cq_fires_for_the_solicited_message_of_a_burst_and_not_before
     ch.ack_events(1);
     let got: Vec<u64> = (0..6).map(|_| wait(&cqb)).map(|w| w.wr_id).collect();
     assert_eq!(got, [1, 2, 3, 4, 5, 6]);
+}
+
+#[test]
+fn a_timestamped_cq_stamps_each_completion_when_it_is_delivered() {
+    let (ca, cb) = (ctx(28), ctx(29));
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let cqa = ca.create_cq(16, None).unwrap();
+    let cqb = cb.create_cq_with(16, None, softrdma::CqOptions::timestamped()).unwrap();
+    assert!(cqb.has_timestamps() && !cqa.has_timestamps());
+    let qa = pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
+    let qb = pb.prepare_qp(&QpBuilder::rc(), &cqb, &cqb).unwrap();
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
+    let qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
+    let mrb = pb.register(64, Access::LOCAL_WRITE).unwrap();
+    let mra = pa.register(8, Access::NONE).unwrap();
+    let mut stamps = Vec::new();
+    for id in 1..=3 {
+        qb_recv(&qb, &mrb, id);
+        let before = softrdma::completion_clock_ns();
+        send8(&qa, &mra, id);
+        assert_eq!(wait(&cqa).wr_id, id);
+        // Polled only through `poll_timestamped`, which must drive the engine itself.
+        let (mut wc, mut ts) = ([softrdma::EMPTY_WC; 4], [0u64; 4]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let n = loop {
+            match cqb.poll_timestamped(&mut wc, &mut ts) {
+                0 if Instant::now() < deadline => continue,
+                n => break n,
+            }
+        };
+        let after = softrdma::completion_clock_ns();
+        assert_eq!((n, wc[0].wr_id), (1, id));
+        assert!((before..=after).contains(&ts[0]), "stamp {} outside {before}..={after}", ts[0]);
+        stamps.push(ts[0]);
+    }
+    assert!(stamps.windows(2).all(|w| w[0] < w[1]), "{stamps:?}");
+    // A CQ without timestamps reports zero for each completion.
+    qb_recv(&qb, &mrb, 9);
+    send8(&qa, &mra, 9);
+    let (mut wc, mut ts) = ([softrdma::EMPTY_WC; 1], [7u64; 1]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cqa.poll_timestamped(&mut wc, &mut ts) == 0 && Instant::now() < deadline {}
+    assert_eq!((wc[0].wr_id, wc[0].opcode, ts[0]), (9, WcOpcode::Send, 0));
 }
 
 #[test]
