@@ -496,6 +496,100 @@ fn raw_registration_and_cq_overrun() {
     let ok = all[..5].iter().take_while(|w| w.status == WcStatus::Success).count();
     assert!(ok >= 3, "{:?}", &all[..5]);
     assert!(all[ok..5].iter().all(|w| w.status == WcStatus::WrFlushErr), "{:?}", &all[..5]);
+    // A QP without an SRQ has no last WQE to report.
+    while let Some(ev) = cb.poll_async_event() {
+        assert!(
+            !matches!(ev, softrdma::AsyncEvent::QpLastWqeReached { .. }),
+            "{ev:?} for a QP without an SRQ"
+        );
+    }
+}
+
+#[test]
+fn a_send_cq_overrun_raises_its_error_and_keeps_every_completion() {
+    let (ca, cb) = (ctx(32), ctx(33));
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let small = ca.create_cq(2, None).unwrap();
+    let cqb = cb.create_cq(64, None).unwrap();
+    let qa = pa.prepare_qp(&QpBuilder::rc(), &small, &small).unwrap();
+    let qb = pb.prepare_qp(&QpBuilder::rc(), &cqb, &cqb).unwrap();
+    let mr = pb.register(64, Access::LOCAL_WRITE).unwrap();
+    for i in 0..5 {
+        qb.post_recv(RecvWr { wr_id: i, sg_list: softrdma::sgl![mr.sge(0, 64).unwrap()] }).unwrap();
+    }
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
+    let _qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
+    let src = pa.register(8, Access::NONE).unwrap();
+    for i in 0..5 {
+        let sg_list = softrdma::sgl![src.sge(0, 8).unwrap()];
+        qa.post_send(SendWr { wr_id: i, op: SendOp::Send, sg_list, flags: signaled(), ud: None }).unwrap();
+    }
+    let start = Instant::now();
+    let cq = loop {
+        match ca.poll_async_event() {
+            Some(softrdma::AsyncEvent::CqError { cq }) => break cq,
+            Some(_) => {}
+            None => {
+                assert!(start.elapsed() < Duration::from_secs(20), "no CQ error event");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    };
+    assert_eq!(cq, small.id());
+    assert_eq!(qa.state(), softrdma::QpState::Error);
+    let mut all = vec![softrdma::EMPTY_WC; 16];
+    let n = small.poll(&mut all);
+    assert_eq!(all[..n].iter().map(|w| w.wr_id).collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn a_cq_overrun_fails_a_qp_on_an_srq_with_its_last_wqe_event() {
+    let (ca, cb) = (ctx(30), ctx(31));
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let cqa = ca.create_cq(64, None).unwrap();
+    let small = cb.create_cq(2, None).unwrap();
+    let srq = pb.create_srq(16, 1).unwrap();
+    let mr = pb.register(64, Access::LOCAL_WRITE).unwrap();
+    for i in 0..8 {
+        srq.post_recv(RecvWr { wr_id: i, sg_list: softrdma::sgl![mr.sge(0, 64).unwrap()] }).unwrap();
+    }
+    let qa = pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
+    let qb = pb.prepare_qp(&QpBuilder::rc().srq(&srq), &small, &small).unwrap();
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
+    let qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
+    let src = pa.register(8, Access::NONE).unwrap();
+    for i in 0..5 {
+        let sg_list = softrdma::sgl![src.sge(0, 8).unwrap()];
+        qa.post_send(SendWr { wr_id: i, op: SendOp::Send, sg_list, flags: SendFlags::default(), ud: None })
+            .unwrap();
+    }
+    // The CQ's error first, then the QP's last WQE (IBTA 11.6.3.1: a QP on an SRQ that
+    // enters the error state reports it), each once.
+    let mut events = Vec::new();
+    let start = Instant::now();
+    while !events.iter().any(|e| matches!(e, softrdma::AsyncEvent::QpLastWqeReached { .. })) {
+        match cb.poll_async_event() {
+            Some(ev) => events.push(ev),
+            None => {
+                assert!(start.elapsed() < Duration::from_secs(20), "events so far: {events:?}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    events.extend(std::iter::from_fn(|| cb.poll_async_event()));
+    // The device's own event from when it opened is not the QP's.
+    events.retain(|e| *e != softrdma::AsyncEvent::PortActive);
+    assert_eq!(
+        events,
+        [
+            softrdma::AsyncEvent::CqError { cq: small.id() },
+            softrdma::AsyncEvent::QpLastWqeReached { qpn: qb.qpn().get() }
+        ]
+    );
+    assert_eq!(qb.state(), softrdma::QpState::Error);
 }
 
 #[test]
