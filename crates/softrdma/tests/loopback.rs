@@ -268,6 +268,37 @@ fn send8(qp: &softrdma::QueuePair, mr: &softrdma::MemoryRegion, id: u64) {
     qp.post_send(SendWr { wr_id: id, op: SendOp::Send, sg_list, flags: signaled(), ud: None }).unwrap();
 }
 
+/// An RC pair between `pa` and `pb`, each QP completing on its CQ (`b` builds `pb`'s QP:
+/// with an SRQ, say), connected.
+fn connect_rc(
+    (pa, cqa): (&softrdma::ProtectionDomain, &softrdma::CompletionQueue),
+    (pb, cqb): (&softrdma::ProtectionDomain, &softrdma::CompletionQueue),
+    b: &QpBuilder,
+) -> (softrdma::QueuePair, softrdma::QueuePair) {
+    let qa = pa.prepare_qp(&QpBuilder::rc(), cqa, cqa).unwrap();
+    let qb = pb.prepare_qp(b, cqb, cqb).unwrap();
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    (
+        qa.handshake(&eb, &ConnectOptions::default()).unwrap(),
+        qb.handshake(&ea, &ConnectOptions::default()).unwrap(),
+    )
+}
+
+/// The CQ named by the device's next `CqError` event, other events skipped; fails after 20 s.
+fn next_cq_error(ctx: &Context) -> u32 {
+    let start = Instant::now();
+    loop {
+        match ctx.poll_async_event() {
+            Some(softrdma::AsyncEvent::CqError { cq }) => return cq,
+            Some(_) => {}
+            None => {
+                assert!(start.elapsed() < Duration::from_secs(20), "no CQ error event");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
 fn qb_recv(qp: &softrdma::QueuePair, mr: &softrdma::MemoryRegion, id: u64) {
     qp.post_recv(RecvWr { wr_id: id, sg_list: softrdma::sgl![mr.sge(0, 64).unwrap()] }).unwrap();
 }
@@ -279,12 +310,8 @@ fn a_solicited_only_cq_fires_for_the_solicited_message_of_a_burst_and_not_before
     let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
     let cqa = ca.create_cq(16, None).unwrap();
     let cqb = cb.create_cq(16, Some(&ch)).unwrap();
-    let qa = pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
-    let qb = pb.prepare_qp(&QpBuilder::rc(), &cqb, &cqb).unwrap();
+    let (qa, qb) = connect_rc((&pa, &cqa), (&pb, &cqb), &QpBuilder::rc());
     let mrb = pb.register(64, Access::LOCAL_WRITE).unwrap();
-    let (ea, eb) = (qa.endpoint(), qb.endpoint());
-    let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
-    let qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
     for id in 1..=6 {
         qb_recv(&qb, &mrb, id);
     }
@@ -321,11 +348,7 @@ fn a_timestamped_cq_stamps_each_completion_when_it_is_delivered() {
     let cqa = ca.create_cq(16, None).unwrap();
     let cqb = cb.create_cq_with(16, None, softrdma::CqOptions::timestamped()).unwrap();
     assert!(cqb.has_timestamps() && !cqa.has_timestamps());
-    let qa = pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
-    let qb = pb.prepare_qp(&QpBuilder::rc(), &cqb, &cqb).unwrap();
-    let (ea, eb) = (qa.endpoint(), qb.endpoint());
-    let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
-    let qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
+    let (qa, qb) = connect_rc((&pa, &cqa), (&pb, &cqb), &QpBuilder::rc());
     let mrb = pb.register(64, Access::LOCAL_WRITE).unwrap();
     let mra = pa.register(8, Access::NONE).unwrap();
     let mut stamps = Vec::new();
@@ -454,15 +477,11 @@ fn raw_registration_and_cq_overrun() {
     let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
     let cqa = ca.create_cq(64, None).unwrap();
     let small = cb.create_cq(2, None).unwrap();
-    let qa = pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
-    let qb = pb.prepare_qp(&QpBuilder::rc(), &small, &small).unwrap();
     let mr = pb.register(64, Access::LOCAL_WRITE).unwrap();
+    let (qa, qb) = connect_rc((&pa, &cqa), (&pb, &small), &QpBuilder::rc());
     for i in 0..5 {
-        qb.post_recv(RecvWr { wr_id: i, sg_list: softrdma::sgl![mr.sge(0, 64).unwrap()] }).unwrap();
+        qb_recv(&qb, &mr, i);
     }
-    let (ea, eb) = (qa.endpoint(), qb.endpoint());
-    let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
-    let qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
     let src = pa.register(8, Access::NONE).unwrap();
     for i in 0..5 {
         qa.post_send(SendWr {
@@ -474,18 +493,7 @@ fn raw_registration_and_cq_overrun() {
         })
         .unwrap();
     }
-    let start = Instant::now();
-    let event = loop {
-        match cb.poll_async_event() {
-            Some(softrdma::AsyncEvent::CqError { cq }) => break cq,
-            Some(_) => {}
-            None => {
-                assert!(start.elapsed() < Duration::from_secs(20), "no CQ error event");
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    };
-    assert_eq!(event, small.id());
+    assert_eq!(next_cq_error(&cb), small.id());
     assert_eq!(qb.state(), softrdma::QpState::Error);
     // Every receive posted completes exactly once, in order: those that got their SEND
     // with success (at least the three that overran the CQ), the rest flushed.
@@ -511,32 +519,16 @@ fn a_send_cq_overrun_raises_its_error_and_keeps_every_completion() {
     let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
     let small = ca.create_cq(2, None).unwrap();
     let cqb = cb.create_cq(64, None).unwrap();
-    let qa = pa.prepare_qp(&QpBuilder::rc(), &small, &small).unwrap();
-    let qb = pb.prepare_qp(&QpBuilder::rc(), &cqb, &cqb).unwrap();
+    let (qa, qb) = connect_rc((&pa, &small), (&pb, &cqb), &QpBuilder::rc());
     let mr = pb.register(64, Access::LOCAL_WRITE).unwrap();
     for i in 0..5 {
-        qb.post_recv(RecvWr { wr_id: i, sg_list: softrdma::sgl![mr.sge(0, 64).unwrap()] }).unwrap();
+        qb_recv(&qb, &mr, i);
     }
-    let (ea, eb) = (qa.endpoint(), qb.endpoint());
-    let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
-    let _qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
     let src = pa.register(8, Access::NONE).unwrap();
     for i in 0..5 {
-        let sg_list = softrdma::sgl![src.sge(0, 8).unwrap()];
-        qa.post_send(SendWr { wr_id: i, op: SendOp::Send, sg_list, flags: signaled(), ud: None }).unwrap();
+        send8(&qa, &src, i);
     }
-    let start = Instant::now();
-    let cq = loop {
-        match ca.poll_async_event() {
-            Some(softrdma::AsyncEvent::CqError { cq }) => break cq,
-            Some(_) => {}
-            None => {
-                assert!(start.elapsed() < Duration::from_secs(20), "no CQ error event");
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    };
-    assert_eq!(cq, small.id());
+    assert_eq!(next_cq_error(&ca), small.id());
     assert_eq!(qa.state(), softrdma::QpState::Error);
     let mut all = vec![softrdma::EMPTY_WC; 16];
     let n = small.poll(&mut all);
@@ -554,11 +546,7 @@ fn a_cq_overrun_fails_a_qp_on_an_srq_with_its_last_wqe_event() {
     for i in 0..8 {
         srq.post_recv(RecvWr { wr_id: i, sg_list: softrdma::sgl![mr.sge(0, 64).unwrap()] }).unwrap();
     }
-    let qa = pa.prepare_qp(&QpBuilder::rc(), &cqa, &cqa).unwrap();
-    let qb = pb.prepare_qp(&QpBuilder::rc().srq(&srq), &small, &small).unwrap();
-    let (ea, eb) = (qa.endpoint(), qb.endpoint());
-    let qa = qa.handshake(&eb, &ConnectOptions::default()).unwrap();
-    let qb = qb.handshake(&ea, &ConnectOptions::default()).unwrap();
+    let (qa, qb) = connect_rc((&pa, &cqa), (&pb, &small), &QpBuilder::rc().srq(&srq));
     let src = pa.register(8, Access::NONE).unwrap();
     for i in 0..5 {
         let sg_list = softrdma::sgl![src.sge(0, 8).unwrap()];
