@@ -28,9 +28,14 @@ struct Pair {
 
 impl Pair {
     fn new(announce: [bool; 2]) -> Pair {
+        Pair::with(QpType::Rc, announce, false)
+    }
+
+    /// `b_stays_in_rtr`: node 1 only receives, as perftest's bandwidth servers do.
+    fn with(qp_type: QpType, announce: [bool; 2], b_stays_in_rtr: bool) -> Pair {
         let mut sim = Sim::new(7, Impairments::default(), 2);
-        let params = ConnectParams { mtu: Mtu::Mtu1024, ..ConnectParams::default() };
-        let (qa, qb) = sim.connect(0, 1, QpType::Rc, params);
+        let params = ConnectParams { mtu: Mtu::Mtu1024, b_stays_in_rtr, ..ConnectParams::default() };
+        let (qa, qb) = sim.connect(0, 1, qp_type, params);
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
         let mut keys = [(Lkey(0), Rkey(0)); 2];
         for (n, q) in [(0, qa), (1, qb)] {
@@ -308,4 +313,91 @@ fn a_filled_packet_that_cannot_be_is_dropped_and_its_message_still_lands() {
     p.post(3, SendOp::Write { remote_addr: BASE + 16384, rkey }, 200, 4096);
     p.run(&mut |_, _| {});
     assert_eq!(p.send_statuses(), [(3, WcStatus::Success)]);
+}
+
+#[test]
+fn a_one_way_uc_write_stream_learns_from_its_receivers_zero_length_write() {
+    for b_stays_in_rtr in [false, true] {
+        uc_stream_learns_filler(b_stays_in_rtr);
+    }
+}
+
+fn uc_stream_learns_filler(b_stays_in_rtr: bool) {
+    let mut p = Pair::with(QpType::Uc, [true, true], b_stays_in_rtr);
+    let rkey = p.keys[1].1;
+    let a0 = p.bytes(0);
+    // The first WRITE goes before node 1 has said anything: unfilled. Node 1, which has
+    // nothing of its own to send, answers it once with a zero-length WRITE ONLY that says
+    // it takes filler off.
+    p.post(1, SendOp::Write { remote_addr: BASE, rkey }, 0, 4096);
+    p.run(&mut |_, _| {});
+    assert!(p.of(0, 0, &WRITES).iter().all(|d| !filled(d)));
+    let hello: Vec<_> = p.sent.iter().filter(|(n, _)| *n == 1).map(|(_, d)| d).collect();
+    assert_eq!(hello.len(), 1, "one word from the receiver");
+    let d = hello[0];
+    assert_eq!(Opcode::new(d[0]), Opcode::from_parts(Transport::Uc, Operation::RdmaWriteOnly));
+    assert_eq!(d.len(), 12 + 16 + 4, "BTH, RETH, ICRC: no payload");
+    assert_eq!(&d[12 + 12..12 + 16], &[0, 0, 0, 0], "a DMA length of zero");
+    assert_ne!(d[fill::FLAG_BYTE] & fill::TAKES_FILL, 0);
+    assert!(p.sim.nodes[0].endpoint.qp(p.qpn[0]).unwrap().peer_takes_fill());
+    // Then a WRITE of four full packets goes in packets of one size, and lands.
+    let mark = p.sent.len();
+    p.post(2, SendOp::Write { remote_addr: BASE + 8192, rkey }, 100, 4096);
+    let b0 = p.bytes(1);
+    p.run(&mut |_, _| {});
+    let writes = p.of(0, mark, &WRITES);
+    assert_eq!(
+        writes.iter().map(|d| (d.len(), filled(d))).collect::<Vec<_>>(),
+        [
+            (12 + 16 + 1024 + 4, false),
+            (12 + 16 + 1024 + 4, true),
+            (12 + 16 + 1024 + 4, true),
+            (12 + 16 + 1024 + 4, true)
+        ]
+    );
+    assert_eq!(p.send_statuses(), [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    let mut want = b0.clone();
+    want[8192..8192 + 4096].copy_from_slice(&a0[100..100 + 4096]);
+    assert!(p.bytes(1) == want, "node 1's region: the second WRITE, nothing else");
+    assert!(p.bytes(1)[..4096] == a0[..4096], "the first WRITE");
+    // The word was said once, and nothing completed for it at either end.
+    assert_eq!(p.sent.iter().filter(|(n, _)| *n == 1).count(), 1);
+    let qp1 = p.sim.nodes[1].endpoint.qp_mut(p.qpn[1]).unwrap();
+    assert!(qp1.poll_send_completion().is_none() && qp1.poll_recv_completion().is_none());
+    let qp0 = p.sim.nodes[0].endpoint.qp_mut(p.qpn[0]).unwrap();
+    assert!(qp0.poll_recv_completion().is_none());
+    let ep = |n: usize| p.sim.nodes[n].endpoint.stats();
+    assert_eq!((ep(0).malformed, ep(1).malformed, ep(0).icrc_errors, ep(1).icrc_errors), (0, 0, 0, 0));
+    if b_stays_in_rtr {
+        return;
+    }
+    // The word took no PSN from node 1's requests: its first WRITE, carrying the PSN the
+    // word carried, lands at node 0.
+    let wr = SendWr {
+        wr_id: 9,
+        op: SendOp::Write { remote_addr: BASE + 100, rkey: p.keys[0].1 },
+        sg_list: sgl![Sge { addr: BASE + 30000, length: 64, lkey: p.keys[1].0 }],
+        flags: SendFlags { signaled: true, ..SendFlags::default() },
+        ud: None,
+    };
+    let node = &mut p.sim.nodes[1];
+    node.endpoint.qp_mut(p.qpn[1]).unwrap().post_send(wr, &node.mem).unwrap();
+    let b1 = p.bytes(1);
+    p.run(&mut |_, _| {});
+    assert!(p.bytes(0)[100..164] == b1[30000..30064], "node 1's WRITE landed");
+}
+
+#[test]
+fn a_uc_receiver_says_nothing_to_a_peer_that_has_not_said_it_takes_filler_off() {
+    // Node 0 plays a softrdma build older than filler: node 1 stays silent, as a UC
+    // receiver always was, and node 0's WRITEs go unfilled.
+    let mut p = Pair::with(QpType::Uc, [false, true], false);
+    let rkey = p.keys[1].1;
+    for k in 0..3 {
+        p.post(k, SendOp::Write { remote_addr: BASE + k * 8192, rkey }, 0, 4096);
+        p.run(&mut |_, _| {});
+    }
+    assert!(p.sent.iter().all(|(n, _)| *n == 0), "node 1 sent something");
+    assert!(p.of(0, 0, &WRITES).iter().all(|d| !filled(d)));
+    assert_eq!(p.send_statuses(), [(0, WcStatus::Success), (1, WcStatus::Success), (2, WcStatus::Success)]);
 }

@@ -408,6 +408,11 @@ pub struct QueuePair {
     /// This QP's packets say that it takes filler off (on; off only to play an older build
     /// in tests).
     announce_fill: bool,
+    /// A packet of this QP carrying [`fill::TAKES_FILL`] has gone to the peer.
+    told_fill: bool,
+    /// A UC QP that has only received from a softrdma peer owes it a word that it takes
+    /// filler off (see `Self::fill_hello`).
+    fill_hello_due: bool,
     /// While a multicast packet is handled: the group it was sent to (the destination in
     /// the receive buffer's GRH area).
     mcast_dst: Option<IpAddr>,
@@ -462,6 +467,8 @@ impl QueuePair {
             announce_splits: true,
             peer_fills: false,
             announce_fill: true,
+            told_fill: false,
+            fill_hello_due: false,
         }
     }
 
@@ -627,9 +634,12 @@ impl QueuePair {
         if let Some(r) = attr.remote {
             self.remote = Some(r);
             self.peer_port = None;
-            // A new peer says for itself whether it splits bundles and takes filler off.
+            // A new peer says for itself whether it splits bundles and takes filler off,
+            // and is told for itself.
             self.peer_splits = false;
             self.peer_fills = false;
+            self.told_fill = false;
+            self.fill_hello_due = false;
         }
         if let Some(t) = attr.traffic_class {
             self.traffic_class = t;
@@ -667,6 +677,8 @@ impl QueuePair {
             QpState::Reset => {
                 self.peer_splits = false;
                 self.peer_fills = false;
+                self.told_fill = false;
+                self.fill_hello_due = false;
                 self.sq.clear();
                 self.rq.clear();
                 self.req = requester::Requester::new(Psn::new(0));
@@ -931,11 +943,22 @@ impl QueuePair {
             }
             // Any packet from the peer's latched port may say that it takes filler off
             // (see `wire::fill`): a WRITE stream's receiver sends only ACKs.
-            if !self.peer_fills
-                && self.peer_port == Some(src.port())
-                && pkt.as_bytes().get(fill::FLAG_BYTE).is_some_and(|b| b & fill::TAKES_FILL != 0)
-            {
+            let says_fill = self.peer_port == Some(src.port())
+                && pkt.as_bytes().get(fill::FLAG_BYTE).is_some_and(|b| b & fill::TAKES_FILL != 0);
+            if says_fill {
                 self.peer_fills = true;
+                if self.is_fill_hello(pkt) {
+                    // Said and heard: nothing for the responder (see `fill_hello`).
+                    return;
+                }
+                // A UC receiver's peer learns the same of it only from its packets.
+                if self.cfg.qp_type == QpType::Uc
+                    && !self.told_fill
+                    && self.announce_fill
+                    && !self.foreign_peer
+                {
+                    self.fill_hello_due = true;
+                }
             }
         }
         if op.is_request() {
@@ -963,6 +986,16 @@ impl QueuePair {
         } else if self.state != QpState::Rtr {
             self.handle_response(now, pkt, mem);
         }
+    }
+
+    /// Whether `pkt`, from the peer, is its word that it takes filler off (see
+    /// `fill_hello`): a zero-length UC RDMA WRITE ONLY from a softrdma peer.
+    fn is_fill_hello(&self, pkt: &Packet<&[u8]>) -> bool {
+        self.cfg.qp_type == QpType::Uc
+            && !self.foreign_peer
+            && pkt.opcode().operation() == crate::wire::Operation::RdmaWriteOnly
+            && pkt.reth().is_some_and(|r| r.dma_len() == 0)
+            && pkt.payload().is_empty()
     }
 
     /// Whether a packet from the peer's address is one only the peer could send (before its
@@ -1021,9 +1054,20 @@ impl QueuePair {
             }
             return Some(t);
         }
+        let idle = self.req.send_idx >= self.sq.len();
+        if self.fill_hello_due && idle && matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            // Said once per peer, whatever becomes of it (UC: no answer, no retry).
+            self.fill_hello_due = false;
+            self.told_fill = true;
+            return self.fill_hello(buf, mem);
+        }
         let t = self.next_request(now, buf, mem);
         if t.is_some() {
             self.req.last_request = Some(now);
+            if buf.get(fill::FLAG_BYTE).is_some_and(|b| b & fill::TAKES_FILL != 0) {
+                self.told_fill = true;
+                self.fill_hello_due = false;
+            }
         }
         t
     }
@@ -1096,6 +1140,7 @@ impl QueuePair {
                 || self.req.pending_back.is_some()
                 || self.req.read_repair)
                 && matches!(self.state, QpState::Rts | QpState::Sqd))
+            || (self.fill_hello_due && matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd))
     }
 
     fn flush_wc(&self, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {

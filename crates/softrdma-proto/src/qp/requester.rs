@@ -785,6 +785,25 @@ impl QueuePair {
         Some(tx)
     }
 
+    /// A UC QP that has only received from a softrdma peer, and so never told it that it
+    /// takes filler off (see `wire::fill`), says so once with a zero-length RDMA WRITE ONLY
+    /// carrying [`crate::wire::fill::TAKES_FILL`]: a one-way UC WRITE stream's receiver
+    /// sends nothing else (perftest's keeps its QP in RTR), so without it the stream never
+    /// goes in packets of one size. The peer takes the word and hands the packet to no
+    /// one (see `QueuePair::is_fill_hello`), so it takes no PSN: it carries the next one
+    /// of this QP's send queue, which is idle, and which in RTR has no sequence yet.
+    pub(super) fn fill_hello(&mut self, buf: &mut [u8], mem: &dyn Memory) -> Option<Transmit> {
+        let dst = self.remote?;
+        let op = Opcode::from_parts(Transport::Uc, Operation::RdmaWriteOnly)?;
+        let mut r = PacketRepr::new(BthRepr::new(op, self.dest_qpn, self.req.next_psn), 0);
+        r.ext.reth = Some(RethRepr { va: 0, rkey: crate::Rkey(0), dma_len: 0 });
+        let head_len = Self::emit_head(&r, buf, &[])?;
+        let t = self.finish_packet(dst, buf, head_len, crate::memory::Segments::Empty, 0, false, mem).ok()?;
+        self.stats.packets_sent += 1;
+        // ECN-capable, as the QP's other requests.
+        Some(Transmit { tos: if t.tos & 3 == 0 { t.tos | 0b10 } else { t.tos }, ..t })
+    }
+
     /// Whether READ `w`'s responses may be repaired range by range: towards a softrdma
     /// peer with selective recovery, for a READ whose responses a SACK's span can hold.
     pub(super) fn read_repairable(&self, w: &SendWqe) -> bool {

@@ -53,6 +53,9 @@ pub struct ConnectParams {
     pub access: Access,
     /// Selective recovery (both sides are softrdma); off: go-back-N, as towards rxe.
     pub selective: bool,
+    /// Node `b`'s QP stays in RTR, a receiver that never sends a request (as perftest's
+    /// bandwidth servers leave theirs).
+    pub b_stays_in_rtr: bool,
 }
 
 impl Default for ConnectParams {
@@ -66,6 +69,7 @@ impl Default for ConnectParams {
             rd_atomic: 16,
             access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
             selective: true,
+            b_stays_in_rtr: false,
         }
     }
 }
@@ -273,8 +277,9 @@ impl Sim {
                     ..QpAttr::default()
                 },
             ];
+            let steps = if node == b && p.b_stays_in_rtr { &steps[..2] } else { &steps[..] };
             for attr in steps {
-                qp.modify(&attr).expect("valid connection attributes");
+                qp.modify(attr).expect("valid connection attributes");
             }
         }
         (qa, qb)
