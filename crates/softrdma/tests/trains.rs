@@ -12,7 +12,7 @@ use softrdma::{
 };
 
 mod two_sides;
-use two_sides::{pair, signaled, wait, Side};
+use two_sides::{pair, pair_of, signaled, wait, Side};
 
 /// The tests here run one at a time: each depends on timing that another's busy threads
 /// would disturb.
@@ -51,12 +51,14 @@ impl UdEnd {
     }
 }
 
-/// Posts `n` 8-byte SENDs from `a` to `b`, one call each, back to back, from a thread that
-/// busy-polls `a`'s CQ (before the burst and, with `then_poll`, every eighth post, as
-/// perftest polls when its send queue fills); returns `a`'s send system calls meanwhile.
-fn post_a_burst(a: &Side, b: &Side, n: u64, then_poll: bool) -> u64 {
+/// Posts `n` SENDs of `len` bytes from `a` to `b`, one call each, back to back, from a
+/// thread that busy-polls `a`'s CQ (before the burst and, with `then_poll`, every eighth
+/// post, as perftest polls when its send queue fills); returns `a`'s send system calls
+/// meanwhile.
+fn post_a_burst(a: &Side, b: &Side, n: u64, len: usize, then_poll: bool) -> u64 {
     for k in 0..n {
-        b.qp.post_recv(RecvWr { wr_id: k, sg_list: softrdma::sgl![b.mr.sge(0, 64).unwrap()] }).unwrap();
+        b.qp.post_recv(RecvWr { wr_id: k, sg_list: softrdma::sgl![b.mr.sge(0, len.max(64)).unwrap()] })
+            .unwrap();
     }
     // Busy-poll long enough for the progress thread to look (it sleeps up to 20 ms) and
     // see a poller at work: the state in which posts wait for company.
@@ -68,7 +70,7 @@ fn post_a_burst(a: &Side, b: &Side, n: u64, then_poll: bool) -> u64 {
     let unsignaled = SendFlags::default();
     for k in 0..n {
         let flags = if k + 1 == n { signaled() } else { unsignaled };
-        let sg_list = softrdma::sgl![a.mr.sge(64, 8).unwrap()];
+        let sg_list = softrdma::sgl![a.mr.sge(64, len).unwrap()];
         a.qp.post_send(SendWr { wr_id: k, op: SendOp::Send, sg_list, flags, ud: None }).unwrap();
         if then_poll && k % 8 == 7 && k + 1 < n {
             assert!(a.cq.poll_one().is_none(), "only the last WR is signaled");
@@ -80,7 +82,7 @@ fn post_a_burst(a: &Side, b: &Side, n: u64, then_poll: bool) -> u64 {
     let calls = a.ctx.io_stats().send_calls - before;
     for k in 0..n {
         let wc = wait(&b.cq);
-        assert_eq!((wc.wr_id, wc.status, wc.byte_len), (k, WcStatus::Success, 8));
+        assert_eq!((wc.wr_id, wc.status, wc.byte_len as usize), (k, WcStatus::Success, len));
     }
     calls
 }
@@ -93,9 +95,23 @@ fn a_burst_of_single_posts_leaves_in_few_system_calls() {
     // one they take 64 calls; here, polled every eighth post, about 9. Three tries: a burst
     // that the scheduler interrupts is cut where it was interrupted.
     let (a, b) = pair(28, 29, Access::NONE);
-    let tries: Vec<u64> = (0..3).map(|_| post_a_burst(&a, &b, 64, true)).collect();
+    let tries: Vec<u64> = (0..3).map(|_| post_a_burst(&a, &b, 64, 8, true)).collect();
     eprintln!("send calls for 64 posts: {tries:?}");
     assert!(tries.iter().any(|&c| c <= 32), "send calls for 64 posts: {tries:?}");
+}
+
+#[test]
+fn a_burst_of_four_packet_posts_waits_for_company_too() {
+    let _serial = serial();
+    // 16 KiB SENDs on UC, four packets each at MTU 4096: each went in a system call of its
+    // own, which held a UC stream (no ACKs to gather its packets) to 3.1 GB/s. Now they wait
+    // for company as one-packet posts do: 64 posts polled every eighth leave in 36 to 40
+    // calls (the post after each poll, which took the poller past the burst's 4 µs, goes
+    // alone), 64 one by one.
+    let (a, b) = pair_of(38, 39, &QpBuilder::uc());
+    let tries: Vec<u64> = (0..3).map(|_| post_a_burst(&a, &b, 64, 16 * 1024, true)).collect();
+    eprintln!("send calls for 64 posts of 16 KiB: {tries:?}");
+    assert!(tries.iter().any(|&c| c <= 50), "send calls for 64 posts of 16 KiB: {tries:?}");
 }
 
 #[test]
@@ -240,7 +256,7 @@ fn a_burst_posted_before_the_poller_leaves_is_still_sent() {
     // The posting thread never polls again after its burst: the progress thread finds the
     // poller gone and sends what it left (no timing asserted; `wait` bounds it at 20 s).
     let (a, b) = pair(30, 31, Access::NONE);
-    post_a_burst(&a, &b, 16, false);
+    post_a_burst(&a, &b, 16, 8, false);
 }
 
 #[test]

@@ -37,6 +37,11 @@ pub struct Side {
 /// Devices on 127.0.0.`a` and .`b`, each with a CQ, an RC QP granting `access` and a 1 MiB
 /// region open to every access, connected to each other.
 pub fn pair(a: u8, b: u8, access: Access) -> (Side, Side) {
+    pair_of(a, b, &QpBuilder::rc().access(access))
+}
+
+/// [`pair`] with QPs that `builder` makes (UC, say).
+pub fn pair_of(a: u8, b: u8, builder: &QpBuilder) -> (Side, Side) {
     let (ca, cb) = (ctx(a), ctx(b));
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let mut sides = Vec::new();
@@ -44,7 +49,7 @@ pub fn pair(a: u8, b: u8, access: Access) -> (Side, Side) {
     for c in [&ca, &cb] {
         let pd = c.alloc_pd();
         let cq = c.create_cq(256, None).unwrap();
-        let p = pd.prepare_qp(&QpBuilder::rc().access(access), &cq, &cq).unwrap();
+        let p = pd.prepare_qp(builder, &cq, &cq).unwrap();
         let mr = pd.register(1 << 20, all).unwrap();
         prepared.push((c.clone(), cq, p, mr));
     }
