@@ -192,6 +192,13 @@ for prog in ib_send_bw ib_send_lat; do
   pair $prog "-c UD ${iters[*]}" $(on $srv_ip $prog -c UD -p @PORT@ ${iters[@]}) :: \
     $(on $cli_ip $prog -c UD -p @PORT@ ${iters[@]} $srv_ip)
 done
+# UC: perftest's bandwidth server leaves its QP in RTR, from where it still tells the client
+# that it takes filler off (see wire::fill).
+for prog in ib_write_bw ib_send_bw ib_write_lat; do
+  # shellcheck disable=SC2086
+  pair $prog "-c UC ${iters[*]}" $(on $srv_ip $prog -c UC -p @PORT@ ${iters[@]}) :: \
+    $(on $cli_ip $prog -c UC -p @PORT@ ${iters[@]} $srv_ip)
+done
 if [ $quick = 0 ]; then
   for opts in "-a -n 100" "-q 4 -n 2000" "-D 2" "--report_gbits -n 2000"; do
     # shellcheck disable=SC2086
