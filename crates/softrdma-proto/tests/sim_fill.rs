@@ -140,6 +140,11 @@ fn filled(d: &[u8]) -> bool {
     d[fill::FLAG_BYTE] & fill::FILLED != 0
 }
 
+/// Each datagram's length and whether it is filled.
+fn shapes(ds: &[&Vec<u8>]) -> Vec<(usize, bool)> {
+    ds.iter().map(|d| (d.len(), filled(d))).collect()
+}
+
 #[test]
 fn writes_and_read_responses_go_as_packets_of_one_size_and_land_exactly() {
     let mut p = Pair::new([true, true]);
@@ -185,7 +190,7 @@ fn writes_and_read_responses_go_as_packets_of_one_size_and_land_exactly() {
         [Operation::SendFirst, Operation::SendMiddle, Operation::SendLast, Operation::SendLastWithImmediate];
     let sends = p.of(0, mark, &ops);
     assert_eq!(
-        sends.iter().map(|d| (d.len(), filled(d))).collect::<Vec<_>>(),
+        shapes(&sends),
         [
             (12 + 1024 + 4 + 4, true),
             (12 + 1024 + 4 + 4, true),
@@ -208,19 +213,13 @@ fn writes_and_read_responses_go_as_packets_of_one_size_and_land_exactly() {
     );
     assert_eq!(writes[..4].iter().map(|d| filled(d)).collect::<Vec<_>>(), [false, true, true, true]);
     // The 2,500-byte WRITE: FIRST, a filled MIDDLE, and a short LAST that takes none.
-    assert_eq!(
-        writes[4..7].iter().map(|d| (d.len(), filled(d))).collect::<Vec<_>>(),
-        [(first, false), (first, true), (12 + 452 + 4, false)]
-    );
+    assert_eq!(shapes(&writes[4..7]), [(first, false), (first, true), (12 + 452 + 4, false)]);
     // The WRITE with immediate data: its LAST carries 4 bytes of its own and 12 of filler.
-    assert_eq!(
-        writes[7..].iter().map(|d| (d.len(), filled(d))).collect::<Vec<_>>(),
-        [(first, false), (first, true)]
-    );
+    assert_eq!(shapes(&writes[7..]), [(first, false), (first, true)]);
     // The READ's responses: FIRST and LAST carry an AETH, the MIDDLE packets filler.
     let responses = p.of(1, mark, &READ_RESPONSES);
     assert_eq!(
-        responses.iter().map(|d| (d.len(), filled(d))).collect::<Vec<_>>(),
+        shapes(&responses),
         [
             (12 + 4 + 1024 + 4, false),
             (12 + 4 + 1024 + 4, true),
@@ -347,7 +346,7 @@ fn uc_stream_learns_filler(b_stays_in_rtr: bool) {
     p.run(&mut |_, _| {});
     let writes = p.of(0, mark, &WRITES);
     assert_eq!(
-        writes.iter().map(|d| (d.len(), filled(d))).collect::<Vec<_>>(),
+        shapes(&writes),
         [
             (12 + 16 + 1024 + 4, false),
             (12 + 16 + 1024 + 4, true),
