@@ -1,7 +1,7 @@
-//! Feeds a connected RC queue pair (and a UD one) a sequence of arbitrary packets from its
-//! peer's address, each given a valid ICRC so that it reaches the transport: the
-//! responder and completer must never panic, whatever the headers say, and keep
-//! answering.
+//! Feeds a connected RC or UC queue pair (the input's first byte chooses) a sequence of
+//! arbitrary packets from its peer's address, each given a valid ICRC so that it reaches
+//! the transport: the responder and completer must never panic, whatever the headers say,
+//! and keep answering.
 #![no_main]
 
 use std::time::Duration;
@@ -14,8 +14,10 @@ use softrdma_proto::sim::{ConnectParams, Impairments, Sim};
 use softrdma_proto::wire::{icrc, ICRC_LEN};
 
 fuzz_target!(|data: &[u8]| {
+    let Some((&kind, data)) = data.split_first() else { return };
+    let qp_type = if kind & 1 == 0 { QpType::Rc } else { QpType::Uc };
     let mut sim = Sim::new(1, Impairments::default(), 2);
-    let (qa, qb) = sim.connect(0, 1, QpType::Rc, ConnectParams::default());
+    let (qa, qb) = sim.connect(0, 1, qp_type, ConnectParams::default());
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let (la, _) = sim.nodes[0].mem.register(PdId(1), 0x1000, 1 << 16, all).unwrap();
     let (lb, _) = sim.nodes[1].mem.register(PdId(1), 0x1000, 1 << 16, all).unwrap();
@@ -23,7 +25,11 @@ fuzz_target!(|data: &[u8]| {
     for i in 0..2 {
         let wr = SendWr {
             wr_id: i,
-            op: SendOp::Read { remote_addr: 0x1000, rkey: softrdma_proto::Rkey(1) },
+            // UC has no READ: a WRITE there.
+            op: match qp_type {
+                QpType::Rc => SendOp::Read { remote_addr: 0x1000, rkey: softrdma_proto::Rkey(1) },
+                _ => SendOp::Write { remote_addr: 0x1000, rkey: softrdma_proto::Rkey(1) },
+            },
             sg_list: softrdma_proto::sgl![Sge { addr: 0x1000, length: 3000, lkey: lb }],
             flags: SendFlags { signaled: true, ..SendFlags::default() },
             ud: None,
