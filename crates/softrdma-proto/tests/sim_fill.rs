@@ -333,6 +333,7 @@ fn uc_stream_learns_filler(b_stays_in_rtr: bool) {
     assert!(p.of(0, 0, &WRITES).iter().all(|d| !filled(d)));
     let hello: Vec<_> = p.sent.iter().filter(|(n, _)| *n == 1).map(|(_, d)| d).collect();
     assert_eq!(hello.len(), 1, "one word from the receiver");
+    assert_eq!(p.sim.nodes[1].endpoint.qp(p.qpn[1]).unwrap().stats().packets_sent, 1);
     let d = hello[0];
     assert_eq!(Opcode::new(d[0]), Opcode::from_parts(Transport::Uc, Operation::RdmaWriteOnly));
     assert_eq!(d.len(), 12 + 16 + 4, "BTH, RETH, ICRC: no payload");
@@ -399,4 +400,30 @@ fn a_uc_receiver_says_nothing_to_a_peer_that_has_not_said_it_takes_filler_off() 
     assert!(p.sent.iter().all(|(n, _)| *n == 0), "node 1 sent something");
     assert!(p.of(0, 0, &WRITES).iter().all(|d| !filled(d)));
     assert_eq!(p.send_statuses(), [(0, WcStatus::Success), (1, WcStatus::Success), (2, WcStatus::Success)]);
+}
+
+#[test]
+fn a_uc_qp_whose_own_requests_said_it_takes_filler_off_sends_no_word() {
+    // Node 1 writes to node 0 first: its WRITE carries the bit, so when node 0's stream
+    // comes, node 1 owes it nothing.
+    let mut p = Pair::with(QpType::Uc, [true, true], false);
+    let wr = SendWr {
+        wr_id: 9,
+        op: SendOp::Write { remote_addr: BASE + 100, rkey: p.keys[0].1 },
+        sg_list: sgl![Sge { addr: BASE + 30000, length: 64, lkey: p.keys[1].0 }],
+        flags: SendFlags::default(),
+        ud: None,
+    };
+    let node = &mut p.sim.nodes[1];
+    node.endpoint.qp_mut(p.qpn[1]).unwrap().post_send(wr, &node.mem).unwrap();
+    p.run(&mut |_, _| {});
+    let rkey = p.keys[1].1;
+    for k in 0..3 {
+        p.post(k, SendOp::Write { remote_addr: BASE + k * 8192, rkey }, 0, 4096);
+        p.run(&mut |_, _| {});
+    }
+    let from1: Vec<_> = p.sent.iter().filter(|(n, _)| *n == 1).map(|(_, d)| d.len()).collect();
+    assert_eq!(from1, [12 + 16 + 64 + 4], "node 1's WRITE and nothing else");
+    // Node 0 learned from that WRITE: its later WRITEs go filled.
+    assert!(p.of(0, 0, &WRITES).iter().any(|d| filled(d)));
 }
