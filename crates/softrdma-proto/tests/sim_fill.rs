@@ -24,6 +24,8 @@ struct Pair {
     buf: Vec<u8>,
     /// Every datagram sent, by sender, as sent (before any tampering).
     sent: Vec<(usize, Vec<u8>)>,
+    /// The TOS byte each of them went with.
+    tos: Vec<u8>,
 }
 
 impl Pair {
@@ -46,7 +48,15 @@ impl Pair {
             }
             sim.nodes[n].endpoint.qp_mut(q).unwrap().set_announce_fill(announce[n]);
         }
-        Pair { sim, qpn: [qa, qb], keys, now: Duration::from_millis(1), buf: vec![0; 8192], sent: Vec::new() }
+        Pair {
+            sim,
+            qpn: [qa, qb],
+            keys,
+            now: Duration::from_millis(1),
+            buf: vec![0; 8192],
+            sent: Vec::new(),
+            tos: Vec::new(),
+        }
     }
 
     fn bytes(&self, n: usize) -> Vec<u8> {
@@ -81,6 +91,7 @@ impl Pair {
                     };
                     let mut bytes = t.assemble(&self.buf, &node.mem);
                     self.sent.push((from, bytes.clone()));
+                    self.tos.push(t.tos);
                     tamper(from, &mut bytes);
                     let peer = &mut self.sim.nodes[to];
                     let arrival = Arrival { src, dst, tos: t.tos };
@@ -333,6 +344,8 @@ fn uc_stream_learns_filler(b_stays_in_rtr: bool) {
     assert!(p.of(0, 0, &WRITES).iter().all(|d| !filled(d)));
     let hello: Vec<_> = p.sent.iter().filter(|(n, _)| *n == 1).map(|(_, d)| d).collect();
     assert_eq!(hello.len(), 1, "one word from the receiver");
+    let at = p.sent.iter().position(|(n, _)| *n == 1).unwrap();
+    assert_eq!(p.tos[at] & 3, 0b10, "ECN-capable, as the QP's requests");
     assert_eq!(p.sim.nodes[1].endpoint.qp(p.qpn[1]).unwrap().stats().packets_sent, 1);
     let d = hello[0];
     assert_eq!(Opcode::new(d[0]), Opcode::from_parts(Transport::Uc, Operation::RdmaWriteOnly));
