@@ -173,6 +173,16 @@ pub struct Transmit {
 }
 
 impl Transmit {
+    /// The packet ECN-capable (ECT(0)), as connected requests go, unless its traffic class
+    /// already gave it an ECN codepoint.
+    pub(crate) fn ect(self) -> Transmit {
+        if self.tos & 3 == 0 {
+            Transmit { tos: self.tos | 0b10, ..self }
+        } else {
+            self
+        }
+    }
+
     /// Length of the whole UDP payload.
     pub fn len(&self) -> usize {
         self.head_len + self.payload.iter().map(|s| s.len as usize).sum::<usize>() + self.tail_len
@@ -1049,10 +1059,7 @@ impl QueuePair {
                 crate::wire::Operation::Acknowledge,
             )
             .is_some_and(|o| buf.first() == Some(&o.code()));
-            if peer && ack && t.tos & 3 == 0 {
-                return Some(Transmit { tos: t.tos | 0b10, ..t });
-            }
-            return Some(t);
+            return Some(if peer && ack { t.ect() } else { t });
         }
         let idle = self.req.send_idx >= self.sq.len();
         if self.fill_hello_due && idle && matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {

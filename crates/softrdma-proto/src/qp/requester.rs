@@ -771,8 +771,7 @@ impl QueuePair {
                 // Connected requests are ECN-capable (ECT(0)) unless the address vector's
                 // traffic class says otherwise: a congested router marks them instead of
                 // dropping them, and the responder answers a mark with a CNP.
-                None if t.tos & 3 == 0 => Transmit { tos: t.tos | 0b10, ..t },
-                None => t,
+                None => t.ect(),
             },
             Err(_) => {
                 // The memory vanished or shrank under a posted WR.
@@ -800,8 +799,7 @@ impl QueuePair {
         let head_len = Self::emit_head(&r, buf, &[])?;
         let t = self.finish_packet(dst, buf, head_len, crate::memory::Segments::Empty, 0, false, mem).ok()?;
         self.stats.packets_sent += 1;
-        // ECN-capable, as the QP's other requests.
-        Some(Transmit { tos: if t.tos & 3 == 0 { t.tos | 0b10 } else { t.tos }, ..t })
+        Some(t.ect())
     }
 
     /// Whether READ `w`'s responses may be repaired range by range: towards a softrdma
@@ -866,7 +864,7 @@ impl QueuePair {
         self.stats.packets_sent += 1;
         self.stats.retransmits += 1;
         self.req.read_asked_at = Some(now);
-        Some(Transmit { tos: if t.tos & 3 == 0 { t.tos | 0b10 } else { t.tos }, ..t })
+        Some(t.ect())
     }
 
     /// A response came: READ responses asked for again a round trip ago (and a quarter)
