@@ -47,7 +47,16 @@ read -r lat_event event_p99 event_p999 event_user event_sys <<<"$(perf send_lat 
 # READ: a full round trip, served on the target by its progress thread alone.
 read -r read_lat read_p99 <<<"$(perf read_lat -s 8 -n "$ITERS" | jsons t_typical p99)"
 read -r udp_lat udp_p99 udp_p999 <<<"$("$PROBE" pingpong "$ITERS" 8 | awk '{print $2, $5, $7}')"
-read -r udp_wait udp_wait_p99 udp_wait_p999 <<<"$("$PROBE" pingpong-wait "$ITERS" 8 | awk '{print $2, $5, $7}')"
+# Event mode with the warm hand-back (the progress thread woken per message), beside the
+# default lean one.
+read -r warm_event warm_user warm_sys <<<"$(SOFTRDMA_EVENT_WAKE=warm perf send_lat -s 8 -n "$ITERS" -e --cpu_util |
+  jsons t_typical cpu_user_pct cpu_sys_pct)"
+# The blocking raw UDP ping-pong, with the CPU time of its two sides (one process).
+wait_out=$(mktemp)
+wait_cpu=$( { TIMEFORMAT='%U %S %R'; time "$PROBE" pingpong-wait "$ITERS" 8 >"$wait_out"; } 2>&1 |
+  awk '{printf "%.1f", 100 * ($1 + $2) / $3 / 2}')
+read -r udp_wait udp_wait_p99 udp_wait_p999 <<<"$(awk '{print $2, $5, $7}' "$wait_out")"
+rm -f "$wait_out"
 ucx_lat=""
 if command -v ucx_perftest >/dev/null 2>&1; then
   UCX_TLS=tcp ucx_perftest -t ucp_am_lat -s 8 -n "$ITERS" -p 13337 >/dev/null 2>&1 &
@@ -100,14 +109,16 @@ idle_cpu=$(python3 -c "print(round(100*($t1-$t0)/$(getconf CLK_TCK)/10,2))")
 python3 - "$lat_busy" "$lat_event" "$udp_lat" "$ucx_lat" "$write_bw" "$send_bw" "$udp_bw" "$ucx_bw" "$iperf_bw" \
   "$rate" "$udp_rate" "$udp_rate_gso" "$idle_cpu" "$busy_p99" "$busy_p999" "$event_p99" "$event_p999" \
   "$udp_p99" "$udp_p999" "${event_user:-}" "${event_sys:-}" "$udp_wait" "$udp_wait_p99" "$udp_wait_p999" \
-  "$udp_rate_uring" "$udp_bw_zc" "$read_lat" "$read_p99" "$write_bw_q8" "$SHARDS" "$CORES" <<'PY'
+  "$udp_rate_uring" "$udp_bw_zc" "$read_lat" "$read_p99" "${warm_event:-}" "${warm_user:-}" "${warm_sys:-}" \
+  "${wait_cpu:-}" "$write_bw_q8" "$SHARDS" "$CORES" <<'PY'
 import sys
 v = [float(x) if x not in ("", "None") else None for x in sys.argv[1:]]
 write_bw_q8, shards, cores = v[-3:]
 v = v[:-3]
 (lat_busy, lat_event, udp_lat, ucx_lat, write_bw, send_bw, udp_bw, ucx_bw, iperf_bw, rate, udp_rate, udp_rate_gso,
  idle, busy_p99, busy_p999, event_p99, event_p999, udp_p99, udp_p999, event_user, event_sys,
- udp_wait, udp_wait_p99, udp_wait_p999, udp_rate_uring, udp_bw_zc, read_lat, read_p99) = v
+ udp_wait, udp_wait_p99, udp_wait_p999, udp_rate_uring, udp_bw_zc, read_lat, read_p99,
+ warm_event, warm_user, warm_sys, wait_cpu) = v
 udp_rtt = None if udp_lat is None else 2 * udp_lat
 f = lambda x, d=2: "skipped" if x is None else f"{x:.{d}f}"
 r = lambda a, b: None if a is None or b is None or b == 0 else a / b
@@ -118,6 +129,7 @@ rows = [
     ("", "send_lat busy-poll", lat_busy, "UCX over TCP (ucp_am_lat)", ucx_lat),
     ("", "send_lat -e (events)", lat_event, "send_lat busy-poll", lat_busy),
     ("", "send_lat -e (events)", lat_event, "raw UDP ping-pong, blocking recv", udp_wait),
+    ("", "send_lat -e, warm hand-back", warm_event, "send_lat busy-poll", lat_busy),
     ("round trip, 8 B, µs (median)", "read_lat (target: no app thread)", read_lat, "raw UDP ping-pong round trip", udp_rtt),
     ("bandwidth, 64 KiB, MiB/s", "write_bw", write_bw, "raw UDP, GSO+GRO, 4 KiB segments", udp_bw),
     ("", "write_bw", write_bw, "iperf3 (TCP)", iperf_bw),
@@ -133,12 +145,16 @@ rows = [
 for m, what, a, base, b in rows:
     print(f"| {m} | {what}: {f(a)} | {base} | {f(b)} | {f(r(a, b))} |")
 print(f"| idle event-mode process, CPU % over 10 s | {f(idle)} | — | — | — |")
-print(f"| send_lat -e client CPU, % of elapsed | user {f(event_user, 1)}, kernel {f(event_sys, 1)} | — | — | — |")
+print(f"| send_lat -e client CPU, % of elapsed | user {f(event_user, 1)}, kernel {f(event_sys, 1)} | "
+      f"raw UDP blocking ping-pong, CPU per side | {f(wait_cpu, 1)} | "
+      f"{f(r(None if event_user is None else event_user + event_sys, wait_cpu))} |")
+print(f"| send_lat -e warm hand-back, client CPU | user {f(warm_user, 1)}, kernel {f(warm_sys, 1)} | — | — | — |")
 print()
 print("| latency percentiles, 8 B, µs | median | 99 % | 99.9 % |")
 print("|---|---:|---:|---:|")
 print(f"| softrdma send_lat busy-poll | {f(lat_busy)} | {f(busy_p99)} | {f(busy_p999)} |")
 print(f"| softrdma send_lat -e | {f(lat_event)} | {f(event_p99)} | {f(event_p999)} |")
+print(f"| softrdma send_lat -e, warm hand-back | {f(warm_event)} | — | — |")
 print(f"| softrdma read_lat (round trip) | {f(read_lat)} | {f(read_p99)} | — |")
 print(f"| raw UDP ping-pong | {f(udp_lat)} | {f(udp_p99)} | {f(udp_p999)} |")
 print(f"| raw UDP ping-pong, blocking recv | {f(udp_wait)} | {f(udp_wait_p99)} | {f(udp_wait_p999)} |")

@@ -327,6 +327,19 @@ impl Context {
         }
     }
 
+    /// How the link goes back to the progress thread when a thread that waited on a
+    /// completion channel leaves with its event (see [`crate::EventWake`]; every shard).
+    pub fn set_event_wake(&self, wake: crate::EventWake) {
+        for e in &self.inner.shards {
+            e.set_event_wake(wake);
+        }
+    }
+
+    /// The device's [`crate::EventWake`].
+    pub fn event_wake(&self) -> crate::EventWake {
+        self.inner.shards[0].event_wake()
+    }
+
     /// Socket-level counters (batches, GSO and GRO trains), all shards together.
     pub fn io_stats(&self) -> crate::engine::IoStats {
         let mut sum = crate::engine::IoStats::default();

@@ -16,7 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,14 @@ const BUSY_POLLS: u64 = 16;
 /// the next request awake, as a NIC would, instead of paying a wake-up from idle for it
 /// (~30 us on a VM's vCPU). An idle device never spins.
 const SPIN_AFTER_RX: Duration = Duration::from_micros(50);
+/// While application threads come and go watching the link (an event-mode program waits,
+/// takes its completion, posts and waits again) less than this apart, the progress thread
+/// of a lean hand-back (see [`EventWake::Lean`]) naps this long at most and then looks
+/// whether the link is watched again, instead of being woken by every watcher that
+/// leaves. A watcher that leaves for good then leaves the link unwatched this long at
+/// most (and the timer slack of the nap). Watchers that leave further apart wake it as
+/// they leave, one wake-up per message, as the warm hand-back's.
+const HANDBACK_STEP: Duration = Duration::from_micros(500);
 /// A poller that ran no pass for this long has left the link (a busy poll passes every
 /// few hundred ns; a thread descheduled on a busy machine is away for tens of us).
 const POLLER_GONE: Duration = Duration::from_micros(100);
@@ -219,6 +227,10 @@ pub struct IoStats {
     /// Datagrams a shard of a sharded device received for another shard's QP and handed
     /// to it (0 while the kernel steers every datagram to its shard).
     pub strays: u64,
+    /// Times an application thread that watched the link while blocked on a completion
+    /// channel woke the napping progress thread as it left with its event (the link's
+    /// hand-back; with `SOFTRDMA_EVENT_WAKE=lean`, only from a long nap).
+    pub handback_wakes: u64,
 }
 
 impl std::ops::AddAssign for IoStats {
@@ -233,6 +245,7 @@ impl std::ops::AddAssign for IoStats {
             gro_trains,
             oversize,
             strays,
+            handback_wakes,
         } = o;
         self.send_calls += send_calls;
         self.packets_sent += packets_sent;
@@ -242,6 +255,7 @@ impl std::ops::AddAssign for IoStats {
         self.gro_trains += gro_trains;
         self.oversize += oversize;
         self.strays += strays;
+        self.handback_wakes += handback_wakes;
     }
 }
 
@@ -255,6 +269,7 @@ struct IoCounters {
     gro_trains: AtomicU64,
     oversize: AtomicU64,
     strays: AtomicU64,
+    handback_wakes: AtomicU64,
 }
 
 /// An asynchronous event (`ibv_async_event`).
@@ -416,6 +431,18 @@ pub(crate) struct Engine {
     /// themselves (and process what arrives): while there are any, the progress thread
     /// stays off the link, so that an arrival wakes one thread, not two.
     app_watching: AtomicU64,
+    /// How the link goes back to the progress thread when the last watcher leaves
+    /// ([`EventWake`] as a number).
+    event_wake: AtomicU8,
+    /// A watcher left since the progress thread last looked.
+    watcher_left: AtomicBool,
+    /// When the last watcher left (ns since the epoch), and whether it left less than
+    /// [`HANDBACK_STEP`] after the one before it.
+    last_departure: AtomicU64,
+    departures_close: AtomicBool,
+    /// The progress thread's nap off the link may last past [`HANDBACK_STEP`]: a watcher
+    /// that leaves last must wake it.
+    napping_long: AtomicBool,
     /// `Core::async_efd`'s descriptor.
     async_fd: RawFd,
     /// CM events wait in `Core::cm_out`.
@@ -435,17 +462,63 @@ fn on_unless_env(name: &str) -> bool {
     !matches!(std::env::var(name).as_deref(), Ok("0" | "off" | "no"))
 }
 
+/// How a device hands its link back to its progress thread in event mode.
+///
+/// A thread blocked on a completion channel (`CompletionChannel::get_event`) watches the
+/// device's socket itself and processes the packet that ends its wait, so that an arrival
+/// wakes one thread; the progress thread stays off the link meanwhile. When that thread
+/// leaves with its event, the link has to go back to the progress thread, unless the
+/// thread comes back to wait (the program takes its completion, posts and waits again,
+/// microseconds later). Set per device with `Context::set_event_wake`; the default is
+/// [`EventWake::Lean`], or what `SOFTRDMA_EVENT_WAKE` (`lean` or `warm`) names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum EventWake {
+    /// Departures wake no one while they keep coming: the progress thread naps in steps
+    /// of 500 us and looks whether the link is watched again, taking it over only when
+    /// it is not; a departure wakes it only from a longer nap (no watcher left during
+    /// the last step). One thread woken per message, as a NIC's interrupt wakes one,
+    /// and no busy thread. A watcher that leaves for good leaves the link unwatched for
+    /// 500 us at most.
+    Lean = 0,
+    /// Every departure wakes the progress thread, which finds the watcher back and naps
+    /// again: two threads woken per message. On a VM whose idle vCPUs halt at once (the
+    /// `haltpoll` cpuidle driver with `guest_halt_poll_ns` 0), that activity keeps them
+    /// from halting, and a message's wake-up takes a few microseconds instead of about
+    /// 30, for about twice the CPU time.
+    Warm = 1,
+}
+
+impl EventWake {
+    fn from_env() -> EventWake {
+        match std::env::var("SOFTRDMA_EVENT_WAKE").as_deref() {
+            Ok("warm") => EventWake::Warm,
+            _ => EventWake::Lean,
+        }
+    }
+}
+
 /// An application thread watching the link; dropping it (however the wait ends) hands the
 /// link back to the progress thread if it was the last watcher. With the progress
-/// thread's side (it sets `napping`, then looks at `app_watching`, all sequentially
-/// consistent), either the progress thread sees no watcher and does not nap off the link,
-/// or the last watcher sees it napping and wakes it.
+/// thread's side (it sets `napping_long` and `napping`, then looks at `app_watching`,
+/// all sequentially consistent), either the progress thread sees no watcher and does not
+/// nap off the link, or the last watcher sees it napping and wakes it, or the nap ends
+/// within [`HANDBACK_STEP`] (a lean hand-back's short nap, `napping_long` false).
 pub(crate) struct WatchGuard<'a>(&'a Engine);
 
 impl Drop for WatchGuard<'_> {
     fn drop(&mut self) {
-        if self.0.app_watching.fetch_sub(1, Ordering::SeqCst) == 1 && self.0.napping.load(Ordering::SeqCst) {
-            self.0.wake.signal();
+        let e = self.0;
+        let now = ns(e.now());
+        let gap = now.saturating_sub(e.last_departure.swap(now, Ordering::Relaxed));
+        e.departures_close.store(gap < ns(HANDBACK_STEP), Ordering::Relaxed);
+        e.watcher_left.store(true, Ordering::SeqCst);
+        if e.app_watching.fetch_sub(1, Ordering::SeqCst) == 1
+            && e.napping.load(Ordering::SeqCst)
+            && e.napping_long.load(Ordering::SeqCst)
+        {
+            e.io.handback_wakes.fetch_add(1, Ordering::Relaxed);
+            e.wake.signal();
         }
     }
 }
@@ -545,6 +618,11 @@ impl Engine {
             polled_nap: AtomicBool::new(false),
             napping: AtomicBool::new(false),
             app_watching: AtomicU64::new(0),
+            event_wake: AtomicU8::new(EventWake::from_env() as u8),
+            watcher_left: AtomicBool::new(false),
+            last_departure: AtomicU64::new(0),
+            departures_close: AtomicBool::new(false),
+            napping_long: AtomicBool::new(true),
             cm_waiting: AtomicBool::new(false),
             cm_turn: Mutex::new(()),
             selective: on_unless_env("SOFTRDMA_SELECTIVE"),
@@ -1106,6 +1184,7 @@ impl Engine {
             gro_trains: g(&c.gro_trains),
             oversize: g(&c.oversize),
             strays: g(&c.strays),
+            handback_wakes: g(&c.handback_wakes),
         }
     }
 
@@ -1465,6 +1544,14 @@ impl Engine {
     pub(crate) fn try_progress_quiet(&self) {
         if let Ok(mut core) = self.core.try_lock() {
             self.progress(&mut core, false);
+            // A timer the pass armed (a delayed ACK) is the napping progress thread's to
+            // run: lower its wake-up, and wake it unless its nap is a lean hand-back's
+            // short step, which ends soon enough.
+            let wake = self.nudge_later(&mut core) && self.napping_long.load(Ordering::SeqCst);
+            drop(core);
+            if wake {
+                self.wake.signal();
+            }
         }
     }
 
@@ -1840,6 +1927,18 @@ impl Engine {
         self.send_deferred();
     }
 
+    /// How the link goes back to the progress thread in event mode.
+    pub(crate) fn event_wake(&self) -> EventWake {
+        match self.event_wake.load(Ordering::Relaxed) {
+            1 => EventWake::Warm,
+            _ => EventWake::Lean,
+        }
+    }
+
+    pub(crate) fn set_event_wake(&self, w: EventWake) {
+        self.event_wake.store(w as u8, Ordering::Relaxed);
+    }
+
     /// An application thread starts watching the link while it waits for an event.
     pub(crate) fn app_watch_begin(&self) -> WatchGuard<'_> {
         self.poller_leaves();
@@ -1912,6 +2011,14 @@ impl Engine {
                 // this thread for every message and make it fight the poller.
                 let nap = if watched { MAX_SLEEP.min(timeout.unwrap_or(Duration::MAX)) } else { polled.nap };
                 self.sleeping_until.fetch_min(now + ns(nap), Ordering::AcqRel);
+                // A lean hand-back while watchers come and go, each soon after the last:
+                // a short nap, which no departure ends (see `HANDBACK_STEP`).
+                let short = watched
+                    && self.event_wake() == EventWake::Lean
+                    && self.watcher_left.swap(false, Ordering::SeqCst)
+                    && self.departures_close.load(Ordering::Relaxed);
+                self.napping_long.store(!short, Ordering::SeqCst);
+                let nap = if short { nap.min(HANDBACK_STEP) } else { nap };
                 self.napping.store(true, Ordering::SeqCst);
                 // The last watcher may have left since `watched` was read, before it could
                 // see `napping`: then do not nap (see `WatchGuard`).
@@ -1989,6 +2096,7 @@ mod tests {
             gro_trains: 6 * k,
             oversize: 7 * k,
             strays: 8 * k,
+            handback_wakes: 9 * k,
         };
         let mut sum = one(1);
         sum += one(10);

@@ -67,7 +67,7 @@ pub use device::{
     MAX_INLINE, MAX_MR, MAX_MR_SIZE, MAX_QP, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE, PORT_CAP_IP_BASED_GIDS,
     PORT_ENV,
 };
-pub use engine::{AsyncEvent, IoStats};
+pub use engine::{AsyncEvent, EventWake, IoStats};
 pub use error::{Error, Result};
 pub use introspect::{socket_dir as res_socket_dir, RES_ENV};
 pub use link::MemoryNetwork;
