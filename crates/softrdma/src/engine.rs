@@ -491,9 +491,19 @@ pub enum EventWake {
 
 impl EventWake {
     fn from_env() -> EventWake {
-        match std::env::var("SOFTRDMA_EVENT_WAKE").as_deref() {
-            Ok("warm") => EventWake::Warm,
-            _ => EventWake::Lean,
+        EventWake::named(std::env::var("SOFTRDMA_EVENT_WAKE").ok().as_deref())
+    }
+
+    /// `SOFTRDMA_EVENT_WAKE`'s value: `warm` or `lean` (any case); unset is lean, and so is
+    /// anything else, with a warning.
+    fn named(v: Option<&str>) -> EventWake {
+        match v.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+            Some("warm") => EventWake::Warm,
+            None | Some("lean" | "") => EventWake::Lean,
+            Some(other) => {
+                tracing::warn!(value = other, "SOFTRDMA_EVENT_WAKE is `lean` or `warm`: taking lean");
+                EventWake::Lean
+            }
         }
     }
 }
@@ -2084,6 +2094,18 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::{IoStats, PolledNap};
+
+    #[test]
+    fn the_event_wake_variable_names_warm_or_lean() {
+        use super::EventWake::{Lean, Warm};
+        let named = super::EventWake::named;
+        assert_eq!(named(None), Lean);
+        assert_eq!(named(Some("warm")), Warm);
+        assert_eq!(named(Some(" Warm ")), Warm);
+        assert_eq!(named(Some("lean")), Lean);
+        assert_eq!(named(Some("")), Lean);
+        assert_eq!(named(Some("hot")), Lean, "an unknown value keeps the default");
+    }
 
     #[test]
     fn io_stats_add_up() {
