@@ -55,6 +55,59 @@ const BUSY_POLLS: u64 = 16;
 /// the next request awake, as a NIC would, instead of paying a wake-up from idle for it
 /// (~30 us on a VM's vCPU). An idle device never spins.
 const SPIN_AFTER_RX: Duration = Duration::from_micros(50);
+/// How often the progress threads look whether the machine has a core to spare for their
+/// spin (see [`spin_has_a_core`]).
+const RUNNABLE_SAMPLE: Duration = Duration::from_millis(10);
+/// Samples in a row that must find more runnable threads than cores before the spin stops:
+/// an instant's count is noisy (a kernel worker, a thread waking for a moment), and a
+/// one-sided target's spin is worth keeping through it.
+const OVERSUBSCRIBED_SAMPLES: u32 = 3;
+
+/// Whether a progress thread's spin after an arrival runs on a core no other thread wants:
+/// the machine's runnable threads (the fourth field of `/proc/loadavg`, the spinner itself
+/// counted) are no more than its cores. Sampled every [`RUNNABLE_SAMPLE`] at most, for the
+/// whole process.
+///
+/// A spin pays only there. With more runnable threads than cores (on two cores, two
+/// programs spinning on memory for each other's WRITEs, as perftest's `ib_write_lat` over
+/// UC does, and their two progress threads), a spinning progress thread shares its core
+/// with a program's thread in time slices of milliseconds, and the peer's packet waits
+/// for the slice; a progress thread that sleeps in the kernel instead is woken by the
+/// packet and preempts the spinner. The spin stops after [`OVERSUBSCRIBED_SAMPLES`] such
+/// samples in a row and resumes at the first that finds a core free. Where
+/// `/proc/loadavg` cannot be read, spinning stays on.
+fn spin_has_a_core(now: Duration) -> bool {
+    // (Protocol time of each device, so not comparable between devices: a sample of
+    // another device's clock at worst samples early or late once.)
+    static SAMPLED: AtomicU64 = AtomicU64::new(0);
+    // Samples in a row that found more runnable threads than cores.
+    static CROWDED: AtomicU32 = AtomicU32::new(0);
+    static CORES: OnceLock<usize> = OnceLock::new();
+    let last = SAMPLED.load(Ordering::Relaxed);
+    let now = ns(now).max(1);
+    if now.abs_diff(last) >= ns(RUNNABLE_SAMPLE)
+        // One thread samples; the others take the last verdict.
+        && SAMPLED.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    {
+        let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        if let Some(runnable) = runnable_threads() {
+            let crowded =
+                if runnable > cores { CROWDED.load(Ordering::Relaxed).saturating_add(1) } else { 0 };
+            CROWDED.store(crowded, Ordering::Relaxed);
+        }
+    }
+    CROWDED.load(Ordering::Relaxed) < OVERSUBSCRIBED_SAMPLES
+}
+
+/// The machine's runnable threads now (`/proc/loadavg`'s `running/total`).
+fn runnable_threads() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    runnable_in_loadavg(&text)
+}
+
+fn runnable_in_loadavg(text: &str) -> Option<usize> {
+    text.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
+}
 /// While application threads come and go watching the link (an event-mode program waits,
 /// takes its completion, posts and waits again) less than this apart, the progress thread
 /// of a lean hand-back (see [`EventWake::Lean`]) naps this long at most and then looks
@@ -231,6 +284,10 @@ pub struct IoStats {
     /// channel woke the napping progress thread as it left with its event (the link's
     /// hand-back; with `SOFTRDMA_EVENT_WAKE=lean`, only from a long nap).
     pub handback_wakes: u64,
+    /// Times the progress thread, serving the link, kept polling it after an arrival
+    /// instead of sleeping (for up to 50 us; never while the machine has more runnable
+    /// threads than cores).
+    pub spins: u64,
 }
 
 impl std::ops::AddAssign for IoStats {
@@ -246,6 +303,7 @@ impl std::ops::AddAssign for IoStats {
             oversize,
             strays,
             handback_wakes,
+            spins,
         } = o;
         self.send_calls += send_calls;
         self.packets_sent += packets_sent;
@@ -256,6 +314,7 @@ impl std::ops::AddAssign for IoStats {
         self.oversize += oversize;
         self.strays += strays;
         self.handback_wakes += handback_wakes;
+        self.spins += spins;
     }
 }
 
@@ -270,6 +329,7 @@ struct IoCounters {
     oversize: AtomicU64,
     strays: AtomicU64,
     handback_wakes: AtomicU64,
+    spins: AtomicU64,
 }
 
 /// An asynchronous event (`ibv_async_event`).
@@ -1195,6 +1255,7 @@ impl Engine {
             oversize: g(&c.oversize),
             strays: g(&c.strays),
             handback_wakes: g(&c.handback_wakes),
+            spins: g(&c.spins),
         }
     }
 
@@ -2062,12 +2123,16 @@ impl Engine {
                     // A pass comes next, and maybe no nap after it: posts send at once.
                     self.polled_nap.store(false, Ordering::SeqCst);
                 }
-            } else if let Some(t) = last_rx.filter(|&t| self.now() < t + SPIN_AFTER_RX) {
+            } else if let Some(t) = last_rx.filter(|&t| {
+                let now = self.now();
+                now < t + SPIN_AFTER_RX && spin_has_a_core(now)
+            }) {
                 // This thread serves the link and traffic is flowing: stay awake (a post's
                 // new timer needs no nudge meanwhile), watching the link without the engine
                 // lock, which stays free for the application's posts and polls, until
                 // something arrives, a timer is due or the spin ends; then a pass.
                 self.sleeping_until.store(0, Ordering::Release);
+                self.io.spins.fetch_add(1, Ordering::Relaxed);
                 let end = timeout.map_or(t + SPIN_AFTER_RX, |d| (self.now() + d).min(t + SPIN_AFTER_RX));
                 while !self.stop.load(Ordering::Relaxed)
                     && self.now() < end
@@ -2096,6 +2161,14 @@ mod tests {
     use super::{IoStats, PolledNap};
 
     #[test]
+    fn runnable_threads_come_from_the_fourth_field_of_loadavg() {
+        assert_eq!(super::runnable_in_loadavg("0.80 1.32 1.20 3/79 26723\n"), Some(3));
+        assert_eq!(super::runnable_in_loadavg("0.80 1.32 1.20"), None);
+        assert_eq!(super::runnable_in_loadavg("0.80 1.32 1.20 x/79 1"), None);
+        assert!(super::runnable_threads().is_some(), "this machine has /proc/loadavg");
+    }
+
+    #[test]
     fn the_event_wake_variable_names_warm_or_lean() {
         use super::EventWake::{Lean, Warm};
         let named = super::EventWake::named;
@@ -2119,6 +2192,7 @@ mod tests {
             oversize: 7 * k,
             strays: 8 * k,
             handback_wakes: 9 * k,
+            spins: 10 * k,
         };
         let mut sum = one(1);
         sum += one(10);
