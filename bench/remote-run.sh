@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs bench/compare.sh and perftest through the drop-in library on a machine prepared by
+# bench/remote-pack.sh (no cargo, no package access needed), writing compare.md and
+# perftest.txt into OUTDIR. About two minutes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: bench/remote-run.sh OUTDIR}
+mkdir -p "$OUT"
+[ -x .remote/bin/softrdma ] || { echo "no .remote/: run bench/remote-pack.sh first"; exit 1; }
+# The packages are unpacked under a private root, never over the machine's own /.
+ROOT=$(mktemp -d)
+for f in .remote/deb/*.deb; do dpkg -x "$f" "$ROOT"; done
+export PATH=$ROOT/usr/bin:$PATH
+export LD_LIBRARY_PATH=$ROOT/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export UCX_MODULE_DIR=$ROOT/usr/lib/x86_64-linux-gnu/ucx
+export SOFTRDMA_LIB_DIR=$PWD/.remote/lib
+SR=$PWD/.remote/bin/softrdma
+echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), kernel $(uname -r)"
+SOFTRDMA_BIN=$SR UDP_PROBE_BIN=$PWD/.remote/bin/udp-probe timeout 400 bench/compare.sh >"$OUT/compare.md" 2>&1
+cat "$OUT/compare.md"
+# perftest, both sides through the drop-in library (server on .2, client on .3).
+port=19300
+pt() {
+  local name=$1
+  shift
+  port=$((port + 1))
+  timeout 30 "$SR" exec --bind 127.0.0.2 -- "$name" -p "$port" "$@" >/dev/null 2>&1 &
+  sleep 0.5
+  echo "$name $*: $(timeout 30 "$SR" exec --bind 127.0.0.3 -- "$name" -p "$port" "$@" 127.0.0.2 2>&1 |
+    grep -E '^ *[0-9]+ +[0-9]+' | tail -1)"
+  wait
+}
+{
+  pt ib_send_lat -s 8 -n 5000
+  pt ib_send_lat -s 8 -n 5000 -e
+  pt ib_write_lat -s 8 -n 5000
+  pt ib_write_lat -c UC -s 8 -n 5000
+  pt ib_read_lat -s 8 -n 5000
+  pt ib_write_bw -s 65536 -D 2
+  pt ib_send_bw -s 2 -D 2
+  SOFTRDMA_SHARDS=8 pt ib_write_bw -s 65536 -D 2 -q 8 -l 8
+} | tee "$OUT/perftest.txt"
+rm -rf "$ROOT"
