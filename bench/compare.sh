@@ -53,8 +53,8 @@ read -r warm_event warm_user warm_sys <<<"$(SOFTRDMA_EVENT_WAKE=warm perf send_l
   jsons t_typical cpu_user_pct cpu_sys_pct)"
 # The blocking raw UDP ping-pong, with the CPU time of its two sides (one process).
 wait_out=$(mktemp)
-wait_cpu=$( { TIMEFORMAT='%U %S %R'; time "$PROBE" pingpong-wait "$ITERS" 8 >"$wait_out"; } 2>&1 |
-  awk '{printf "%.1f", 100 * ($1 + $2) / $3 / 2}')
+wait_cpu=$( { TIMEFORMAT='%U %S %R'; time "$PROBE" pingpong-wait "$ITERS" 8 >"$wait_out" 2>/dev/null; } 2>&1 |
+  awk 'END { if (NF == 3 && $3 > 0) printf "%.1f", 100 * ($1 + $2) / $3 / 2 }')
 read -r udp_wait udp_wait_p99 udp_wait_p999 <<<"$(awk '{print $2, $5, $7}' "$wait_out")"
 rm -f "$wait_out"
 ucx_lat=""

@@ -15,7 +15,11 @@ cp target/release/softrdma target/release/udp-probe .remote/bin/
 strip .remote/bin/*
 cp -a target/softrdma-lib .remote/lib
 # apt downloads into the current directory; as root it warns that _apt cannot write there.
-(cd .remote/deb && apt-get download -q ucx-utils libucx0 iperf3 libiperf0 libsctp1 perftest \
-  libibverbs1 librdmacm1 libibumad3 libnuma1 libpci3 libssl3 ibverbs-providers 2>&1 |
-  grep -v "unsandboxed" || true)
+# Each package on its own, so that one this release names otherwise (libssl3 is
+# libssl3t64 on newer ones) does not stop the rest; compare.sh skips a baseline it lacks.
+for p in ucx-utils libucx0 iperf3 libiperf0 libsctp1 perftest libibverbs1 librdmacm1 libibumad3 \
+  libnuma1 libpci3 libssl3 ibverbs-providers; do
+  (cd .remote/deb && apt-get download -q "$p" >/dev/null 2>&1) || echo "not downloaded: $p"
+done
+ls .remote/deb/*.deb >/dev/null 2>&1 || { echo "no package downloaded: only softrdma will run there"; }
 du -sh .remote

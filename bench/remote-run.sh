@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Runs bench/compare.sh and perftest through the drop-in library on a machine prepared by
 # bench/remote-pack.sh (no cargo, no package access needed), writing compare.md and
-# perftest.txt into OUTDIR. About two minutes.
+# perftest.txt into OUTDIR. About four minutes.
 set -uo pipefail
-cd "$(dirname "$0")/.."
 OUT=${1:?usage: bench/remote-run.sh OUTDIR}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
 [ -x .remote/bin/softrdma ] || { echo "no .remote/: run bench/remote-pack.sh first"; exit 1; }
 # The packages are unpacked under a private root, never over the machine's own /.
 ROOT=$(mktemp -d)
-for f in .remote/deb/*.deb; do dpkg -x "$f" "$ROOT"; done
+trap 'rm -rf "$ROOT"' EXIT
+for f in .remote/deb/*.deb; do
+  [ -f "$f" ] && dpkg -x "$f" "$ROOT"
+done
 export PATH=$ROOT/usr/bin:$PATH
 export LD_LIBRARY_PATH=$ROOT/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export UCX_MODULE_DIR=$ROOT/usr/lib/x86_64-linux-gnu/ucx
@@ -40,4 +44,3 @@ pt() {
   pt ib_send_bw -s 2 -D 2
   SOFTRDMA_SHARDS=8 pt ib_write_bw -s 65536 -D 2 -q 8 -l 8
 } | tee "$OUT/perftest.txt"
-rm -rf "$ROOT"

@@ -65,8 +65,9 @@ const OVERSUBSCRIBED_SAMPLES: u32 = 3;
 
 /// Whether a progress thread's spin after an arrival runs on a core no other thread wants:
 /// the machine's runnable threads (the fourth field of `/proc/loadavg`, the spinner itself
-/// counted) are no more than its cores. Sampled every [`RUNNABLE_SAMPLE`] at most, for the
-/// whole process.
+/// counted) are no more than its online CPUs. Sampled every [`RUNNABLE_SAMPLE`] at most,
+/// for the whole process. Both counts are the machine's (or the VM's): a container's CPU
+/// quota or a process's affinity mask is not taken into account.
 ///
 /// A spin pays only there. With more runnable threads than cores (on two cores, two
 /// programs spinning on memory for each other's WRITEs, as perftest's `ib_write_lat` over
@@ -76,20 +77,20 @@ const OVERSUBSCRIBED_SAMPLES: u32 = 3;
 /// packet and preempts the spinner. The spin stops after [`OVERSUBSCRIBED_SAMPLES`] such
 /// samples in a row and resumes at the first that finds a core free. Where
 /// `/proc/loadavg` cannot be read, spinning stays on.
-fn spin_has_a_core(now: Duration) -> bool {
-    // (Protocol time of each device, so not comparable between devices: a sample of
-    // another device's clock at worst samples early or late once.)
+fn spin_has_a_core() -> bool {
+    // Nanoseconds since the process's first sample (the devices' own clocks start apart).
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
     static SAMPLED: AtomicU64 = AtomicU64::new(0);
     // Samples in a row that found more runnable threads than cores.
     static CROWDED: AtomicU32 = AtomicU32::new(0);
     static CORES: OnceLock<usize> = OnceLock::new();
     let last = SAMPLED.load(Ordering::Relaxed);
-    let now = ns(now).max(1);
-    if now.abs_diff(last) >= ns(RUNNABLE_SAMPLE)
+    let now = ns(EPOCH.get_or_init(Instant::now).elapsed()).max(1);
+    if (last == 0 || now.saturating_sub(last) >= ns(RUNNABLE_SAMPLE))
         // One thread samples; the others take the last verdict.
         && SAMPLED.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
     {
-        let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let cores = *CORES.get_or_init(online_cpus);
         if let Some(runnable) = runnable_threads() {
             let crowded =
                 if runnable > cores { CROWDED.load(Ordering::Relaxed).saturating_add(1) } else { 0 };
@@ -97,6 +98,13 @@ fn spin_has_a_core(now: Duration) -> bool {
         }
     }
     CROWDED.load(Ordering::Relaxed) < OVERSUBSCRIBED_SAMPLES
+}
+
+/// The machine's online CPUs (at least 1).
+fn online_cpus() -> usize {
+    // SAFETY: sysconf only reads system configuration.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(1)
 }
 
 /// The machine's runnable threads now (`/proc/loadavg`'s `running/total`).
@@ -285,8 +293,8 @@ pub struct IoStats {
     /// hand-back; with `SOFTRDMA_EVENT_WAKE=lean`, only from a long nap).
     pub handback_wakes: u64,
     /// Times the progress thread, serving the link, kept polling it after an arrival
-    /// instead of sleeping (for up to 50 us; never while the machine has more runnable
-    /// threads than cores).
+    /// instead of sleeping (for up to 50 us; not once the machine has had more runnable
+    /// threads than cores for three samples in a row, 10 ms apart).
     pub spins: u64,
 }
 
@@ -1615,10 +1623,11 @@ impl Engine {
     pub(crate) fn try_progress_quiet(&self) {
         if let Ok(mut core) = self.core.try_lock() {
             self.progress(&mut core, false);
-            // A timer the pass armed (a delayed ACK) is the napping progress thread's to
-            // run: lower its wake-up, and wake it unless its nap is a lean hand-back's
-            // short step, which ends soon enough.
-            let wake = self.nudge_later(&mut core) && self.napping_long.load(Ordering::SeqCst);
+            // A timer the pass armed (a delayed ACK) is the progress thread's to run: lower
+            // its wake-up, and wake it unless it naps a lean hand-back's short step, which
+            // ends soon enough (`napping_long` speaks of the nap under way only).
+            let short_nap = self.napping.load(Ordering::SeqCst) && !self.napping_long.load(Ordering::SeqCst);
+            let wake = self.nudge_later(&mut core) && !short_nap;
             drop(core);
             if wake {
                 self.wake.signal();
@@ -2125,7 +2134,7 @@ impl Engine {
                 }
             } else if let Some(t) = last_rx.filter(|&t| {
                 let now = self.now();
-                now < t + SPIN_AFTER_RX && spin_has_a_core(now)
+                now < t + SPIN_AFTER_RX && spin_has_a_core()
             }) {
                 // This thread serves the link and traffic is flowing: stay awake (a post's
                 // new timer needs no nudge meanwhile), watching the link without the engine

@@ -114,10 +114,11 @@ impl End {
 }
 
 /// `n` round trips, each end's thread blocked on its channel between messages; returns
-/// the hand-back wake-ups of both devices over them.
-fn event_pingpong(a: &End, b: &End, n: u64) -> u64 {
+/// the hand-back wake-ups of both devices over them, and the mean round trip.
+fn event_pingpong(a: &End, b: &End, n: u64) -> (u64, Duration) {
     let wakes = |e: &End| e.ctx.io_stats().handback_wakes;
     let before = wakes(a) + wakes(b);
+    let start = Instant::now();
     std::thread::scope(|s| {
         s.spawn(|| {
             for i in 0..n {
@@ -130,7 +131,7 @@ fn event_pingpong(a: &End, b: &End, n: u64) -> u64 {
             a.take_message();
         }
     });
-    wakes(a) + wakes(b) - before
+    (wakes(a) + wakes(b) - before, start.elapsed() / n as u32)
 }
 
 #[test]
@@ -138,18 +139,23 @@ fn a_lean_hand_back_wakes_one_thread_per_message_and_a_warm_one_two() {
     let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
     const N: u64 = 2000;
     let (a, b) = pair(50, 51, EventWake::Lean, false);
-    let lean = event_pingpong(&a, &b, N);
+    let (lean, lean_rtt) = event_pingpong(&a, &b, N);
     let (c, d) = pair(52, 53, EventWake::Warm, false);
-    let warm = event_pingpong(&c, &d, N);
-    eprintln!("hand-back wake-ups over {N} round trips: lean {lean}, warm {warm}");
+    let (warm, warm_rtt) = event_pingpong(&c, &d, N);
+    eprintln!(
+        "hand-back wake-ups over {N} round trips: lean {lean} (mean round trip {lean_rtt:?}), \
+         warm {warm} ({warm_rtt:?})"
+    );
     // Warm: most of the 2N waits that ended woke their device's progress thread on the
     // way out (those that found it awake did not).
     assert!(
         warm > N / 2,
         "a warm hand-back wakes the progress thread per message: {warm} for {N} round trips"
     );
-    // Lean: while messages keep coming, departures wake no one.
-    assert!(lean * 5 < warm, "a lean hand-back woke the progress thread {lean} times over {N} round trips");
+    // Lean: while messages keep coming (each device's waits end less than 500 us apart),
+    // departures wake no one. (Round trips that take longer now and then, on a loaded
+    // machine, wake it once each: hence the margin.)
+    assert!(lean * 2 < warm, "a lean hand-back woke the progress thread {lean} times over {N} round trips");
 }
 
 /// After an event-mode ping-pong the waiting thread of `b` goes away for good: at once
@@ -164,6 +170,10 @@ fn delivery_after_the_watcher_left(first: u8, wait_more: bool) -> Duration {
     let mut took = Vec::new();
     for round in 0..10 {
         event_pingpong(&a, &b, 100);
+        // An event left from the ping-pong, for a completion polled already, goes first.
+        while b.ch.try_get_event().is_some() {
+            b.ch.ack_events(1);
+        }
         if wait_more {
             b.rcq.req_notify(false).unwrap();
             assert!(b.ch.get_event_timeout(Duration::from_millis(3)).unwrap().is_none());
@@ -171,10 +181,6 @@ fn delivery_after_the_watcher_left(first: u8, wait_more: bool) -> Duration {
         // b's thread has left. Armed, its CQ makes the channel's descriptor readable when
         // the next message is delivered, which only b's progress thread can do now (this
         // thread looks with poll(2), not through the device).
-        // (An event left from the ping-pong, for a completion polled already, goes first.)
-        while b.ch.try_get_event().is_some() {
-            b.ch.ack_events(1);
-        }
         b.rcq.req_notify(false).unwrap();
         let readable = |ms| {
             let mut pfd = libc::pollfd { fd: b.ch.as_raw_fd(), events: libc::POLLIN, revents: 0 };

@@ -52,7 +52,16 @@ fn a_crowded_machine_stops_the_progress_threads_spin() {
     // Every core and two more busy: after a few samples (10 ms apart) it spins no more.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let stop = AtomicBool::new(false);
+    // Set however the scope's body ends (an assertion that fails included), so that the
+    // spinners stop and the scope can return.
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     std::thread::scope(|s| {
+        let _stop = Stop(&stop);
         for _ in 0..cores + 2 {
             s.spawn(|| {
                 while !stop.load(Ordering::Relaxed) {
@@ -64,7 +73,6 @@ fn a_crowded_machine_stops_the_progress_threads_spin() {
         let before = spins();
         reads(200);
         let crowded = spins() - before;
-        stop.store(true, Ordering::Relaxed);
         eprintln!("spins over 200 READs: {calm} calm, {crowded} crowded ({cores} cores)");
         assert!(
             crowded <= 10,
