@@ -43,9 +43,17 @@ const GSO_MAX_BYTES: usize = 65_000;
 /// each taking only its length, so that a GSO train is one iovec (see `flush_at`).
 const ROOM: usize = 1024 + 4096 + 32;
 const _: () = assert!(softrdma_proto::qp::TAIL_ROOM <= 32);
-/// The longest the progress thread sleeps: timers due later than its wake-up need no
-/// nudge (a system call and a context switch per `post_send`).
+/// The longest the progress thread sleeps while its device has work: timers due later
+/// than its wake-up need no nudge (a system call and a context switch per `post_send`).
 const MAX_SLEEP: Duration = Duration::from_millis(20);
+/// The longest it sleeps once its device has had no timer and no arrival for
+/// [`IDLE_NAPS`] naps in a row: an idle device's thread then wakes once a second, not fifty
+/// times (eight shards' threads took 0.8 % of a CPU doing nothing). A timer armed
+/// meanwhile wakes it, as any timer due before its planned wake-up does (`nudge_later`).
+const IDLE_SLEEP: Duration = Duration::from_secs(1);
+/// Naps of [`MAX_SLEEP`] with nothing to do after which the progress thread naps
+/// [`IDLE_SLEEP`].
+const IDLE_NAPS: u32 = 50;
 /// Empty CQ polls between two passes of the progress thread that mean an application
 /// thread is busy-polling, so the progress thread can leave the socket to it.
 const BUSY_POLLS: u64 = 16;
@@ -495,6 +503,8 @@ pub(crate) struct Engine {
     polled_nap: AtomicBool,
     /// The progress thread is napping off the link.
     napping: AtomicBool,
+    /// The progress thread sleeps an idle device's long sleep ([`IDLE_SLEEP`]).
+    idle_sleep: AtomicBool,
     /// Application threads blocked on a completion channel that watch the link
     /// themselves (and process what arrives): while there are any, the progress thread
     /// stays off the link, so that an arrival wakes one thread, not two.
@@ -695,6 +705,7 @@ impl Engine {
             deferred: AtomicU32::new(0),
             polled_nap: AtomicBool::new(false),
             napping: AtomicBool::new(false),
+            idle_sleep: AtomicBool::new(false),
             app_watching: AtomicU64::new(0),
             event_wake: AtomicU8::new(EventWake::from_env() as u8),
             watcher_left: AtomicBool::new(false),
@@ -1582,7 +1593,7 @@ impl Engine {
     /// Runs one pass if the engine is free; returns whether it ran. Called by threads
     /// polling a CQ, which also tells the progress thread that someone is busy-polling.
     pub(crate) fn try_progress(&self) -> bool {
-        self.app_polls.fetch_add(1, Ordering::Relaxed);
+        self.count_app_poll();
         match self.core.try_lock() {
             Ok(mut core) => {
                 self.progress(&mut core, true);
@@ -1596,12 +1607,39 @@ impl Engine {
         }
     }
 
+    /// The longest the progress thread may sleep after `idle_naps` naps with nothing to do:
+    /// [`IDLE_SLEEP`] past [`IDLE_NAPS`] of them, unless an application thread has begun
+    /// to busy-poll (which `count_app_poll` would otherwise have to wake it for).
+    fn idle_longest(&self, idle_naps: u32) -> Duration {
+        let idle = idle_naps > IDLE_NAPS;
+        self.idle_sleep.store(idle, Ordering::SeqCst);
+        if idle && self.app_polls.load(Ordering::SeqCst) < BUSY_POLLS {
+            IDLE_SLEEP
+        } else {
+            MAX_SLEEP
+        }
+    }
+
+    /// One more CQ poll by an application thread. The poll that makes a busy poller of it
+    /// wakes a progress thread in an idle device's long sleep, which would otherwise see
+    /// the polling only at its next wake-up (a second away) and, until then, not nap
+    /// as it does beside a poller (the state in which posts may wait for company).
+    fn count_app_poll(&self) {
+        // Sequentially consistent with the progress thread's store of `idle_sleep` and its
+        // look at `app_polls` after it (see `Engine::idle_longest`).
+        if self.app_polls.fetch_add(1, Ordering::SeqCst) + 1 == BUSY_POLLS
+            && self.idle_sleep.load(Ordering::SeqCst)
+        {
+            self.wake.signal();
+        }
+    }
+
     /// A CQ poll found completions and returns without a pass: it still counts as a busy
     /// poll (a program that streams sends finds completions at most polls, and its posts
     /// should wait for company as a poller's do), and it sends what a burst of posts left
     /// for the next pass, which a poller that keeps finding completions never runs.
     pub(crate) fn polled_full(&self) {
-        self.app_polls.fetch_add(1, Ordering::Relaxed);
+        self.count_app_poll();
         if !self.polled_full.load(Ordering::Relaxed) {
             self.polled_full.store(true, Ordering::Relaxed);
         }
@@ -2051,6 +2089,8 @@ impl Engine {
         let mut polled = PolledNap::new();
         // The last nap found the poller gone with posts it left unsent.
         let mut left_behind = false;
+        // Naps in a row with no deadline and nothing received (see `IDLE_SLEEP`).
+        let mut idle_naps = 0u32;
         while !self.stop.load(Ordering::Acquire) {
             // Another shard handed this one datagrams since `skip` was decided (its wake-up
             // may have been drained since): a pass takes them.
@@ -2066,6 +2106,7 @@ impl Engine {
                 let received = self.progress(&mut core, false);
                 if received {
                     last_rx = Some(self.now());
+                    idle_naps = 0;
                 }
                 polled.passed(received || std::mem::take(&mut left_behind));
                 let next = core.endpoint.poll_timeout();
@@ -2089,7 +2130,9 @@ impl Engine {
                 // polling thread runs the timers too (each of its passes does), so that nap
                 // need not end at the next one: a delayed ACK's 100 us would otherwise wake
                 // this thread for every message and make it fight the poller.
-                let nap = if watched { MAX_SLEEP.min(timeout.unwrap_or(Duration::MAX)) } else { polled.nap };
+                idle_naps = if watched && timeout.is_none() { idle_naps.saturating_add(1) } else { 0 };
+                let longest = self.idle_longest(idle_naps);
+                let nap = if watched { longest.min(timeout.unwrap_or(Duration::MAX)) } else { polled.nap };
                 self.sleeping_until.fetch_min(now + ns(nap), Ordering::AcqRel);
                 // A lean hand-back while watchers come and go, each soon after the last:
                 // a short nap, which no departure ends (see `HANDBACK_STEP`).
@@ -2154,9 +2197,12 @@ impl Engine {
                 continue;
             } else {
                 last_rx = None;
-                // Never sleep longer than MAX_SLEEP, so that a timer armed later without a
-                // nudge (a far one) still fires on time.
-                let cap = timeout.unwrap_or(MAX_SLEEP).min(MAX_SLEEP);
+                // Never sleep longer than MAX_SLEEP while there is work, so that a timer
+                // armed later without a nudge (a far one) still fires on time; an idle
+                // device sleeps longer, and any timer armed wakes it (see `IDLE_SLEEP`).
+                idle_naps = if timeout.is_none() { idle_naps.saturating_add(1) } else { 0 };
+                let longest = self.idle_longest(idle_naps);
+                let cap = timeout.unwrap_or(longest).min(longest);
                 self.sleeping_until.fetch_min(now + ns(cap), Ordering::AcqRel);
                 let _ = sys::wait_readable_any(&fds, Some(cap));
             }

@@ -167,7 +167,8 @@ fn a_stream_whose_polls_find_completions_leaves_in_few_system_calls() {
             .unwrap();
         }
         // No empty polls before it: the stream alone must bring the progress thread to nap
-        // for a busy poller (it looks at least every 20 ms), the state in which posts wait.
+        // for a busy poller (it looks at least every 20 ms, and an idle device's is woken by
+        // the polls), the state in which posts wait.
         let start = Instant::now();
         while start.elapsed() < Duration::from_millis(50) {
             stream(to_sink, 256);
@@ -335,7 +336,8 @@ fn arming_a_cq_sends_what_a_burst_left_behind() {
     let mut id = 0;
     for _ in 0..200 {
         // Busy-poll long enough for the progress thread to see it (it looks at least
-        // every 20 ms) and nap, the state in which posts may wait.
+        // every 20 ms, and an idle device's is woken by the polls) and nap, the state in
+        // which posts may wait.
         let until = Instant::now() + Duration::from_millis(25);
         while Instant::now() < until {
             assert!(cqa.poll_one().is_none());
