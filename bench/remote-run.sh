@@ -44,3 +44,15 @@ pt() {
   pt ib_send_bw -s 2 -D 2
   SOFTRDMA_SHARDS=8 pt ib_write_bw -s 65536 -D 2 -q 8 -l 8
 } | tee "$OUT/perftest.txt"
+# An idle process with eight shards: CPU and the threads' wake-ups over 10 s.
+( sleep 13 | SOFTRDMA_SHARDS=8 "$SR" memserver --bind 127.0.0.9 >/dev/null 2>&1 & )
+sleep 2
+pid=$(pgrep -f "memserver --bind 127.0.0.9" | head -1)
+if [ -n "$pid" ]; then
+  wakes() { cat /proc/"$pid"/task/*/status | awk '/^voluntary_ctxt/ {s += $2} END {print s}'; }
+  t0=$(awk '{print $14+$15}' "/proc/$pid/stat") w0=$(wakes)
+  sleep 10
+  t1=$(awk '{print $14+$15}' "/proc/$pid/stat") w1=$(wakes)
+  echo "idle, 8 shards: CPU $(python3 -c "print(round(100*($t1-$t0)/$(getconf CLK_TCK)/10,2))") %," \
+    "$(((w1 - w0) / 10)) wake-ups a second" | tee -a "$OUT/perftest.txt"
+fi

@@ -1594,17 +1594,21 @@ impl Engine {
     /// polling a CQ, which also tells the progress thread that someone is busy-polling.
     pub(crate) fn try_progress(&self) -> bool {
         self.count_app_poll();
-        match self.core.try_lock() {
-            Ok(mut core) => {
-                self.progress(&mut core, true);
-                true
-            }
-            Err(std::sync::TryLockError::Poisoned(p)) => {
-                self.progress(&mut p.into_inner(), true);
-                true
-            }
-            Err(std::sync::TryLockError::WouldBlock) => false,
+        let mut core = match self.core.try_lock() {
+            Ok(core) => core,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        self.progress(&mut core, true);
+        // A timer this pass armed (a delayed ACK, a CM deadline) while the progress thread
+        // sleeps an idle device's long sleep must wake it; beside a poller it naps short
+        // and the poller's passes run the timers.
+        let wake = self.idle_sleep.load(Ordering::SeqCst) && self.nudge_later(&mut core);
+        drop(core);
+        if wake {
+            self.wake.signal();
         }
+        true
     }
 
     /// The longest the progress thread may sleep after `idle_naps` naps with nothing to do:
@@ -1969,7 +1973,14 @@ impl Engine {
 
     /// [`Self::nudge`], leaving the signal to the caller: whether it must wake the thread.
     fn nudge_later(&self, core: &mut Core) -> bool {
-        let Some(deadline) = core.endpoint.poll_timeout() else { return false };
+        // The protocol's next deadline, or the link's (the in-memory network's delayed
+        // datagrams, which a send may have just queued).
+        let link = core.link.next_wake().map(|d| self.now() + d);
+        let deadline = match (core.endpoint.poll_timeout(), link) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let Some(deadline) = deadline else { return false };
         // Lowered first: a progress thread that wakes and finds the link watched plans its
         // next nap from it without a pass (see `run`).
         ns(deadline) < self.sleeping_until.fetch_min(ns(deadline), Ordering::AcqRel)

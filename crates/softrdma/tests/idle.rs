@@ -1,13 +1,21 @@
 //! An idle device's progress thread sleeps a second at a time, not 20 ms, and a timer
-//! armed while it sleeps still wakes it. A test binary of its own, so that no other
-//! test's devices are in the process.
+//! armed while it sleeps still wakes it, as does a datagram the in-memory network delays.
+//! A test binary of its own, its tests one at a time, so that no other test's devices are
+//! in the process.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use softrdma::{Access, ConnectOptions, Context, QpBuilder, SendFlags, SendOp, SendWr, WcStatus};
+use softrdma::proto::sim::Impairments;
+use softrdma::{
+    Access, AhAttr, ConnectOptions, Context, MemoryNetwork, Qkey, QpBuilder, RecvWr, SendFlags, SendOp,
+    SendWr, WcStatus,
+};
+
+/// Taken by each test: one at a time.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn tasks() -> HashSet<u32> {
     std::fs::read_dir("/proc/self/task")
@@ -23,11 +31,11 @@ fn sleeps(tid: u32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-/// Opens a device on 127.0.0.`last`, and finds its progress thread: the thread its
-/// opening started (which names itself once it runs).
-fn open_with_thread(last: u8) -> (Context, u32) {
+/// Opens a device with `open` (one shard, whatever `SOFTRDMA_SHARDS` says), and finds
+/// its progress thread: the thread its opening started (which names itself once it runs).
+fn open_with_thread(open: impl FnOnce() -> Context) -> (Context, u32) {
     let before = tasks();
-    let ctx = Context::open_port(IpAddr::from([127, 0, 0, last]), 0).unwrap();
+    let ctx = open();
     let until = Instant::now() + Duration::from_secs(5);
     loop {
         let named: Vec<u32> = tasks()
@@ -46,10 +54,36 @@ fn open_with_thread(last: u8) -> (Context, u32) {
     }
 }
 
+/// Waits until the progress thread `tid` naps long: a 200 ms window in which it slept at
+/// most once (up to 10 s; a loaded machine makes its naps of 20 ms slow to add up).
+fn settle_idle(tid: u32) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = sleeps(tid);
+        std::thread::sleep(Duration::from_millis(200));
+        if sleeps(tid) - before <= 1 {
+            return;
+        }
+        assert!(Instant::now() < until, "the idle device's progress thread kept waking");
+    }
+}
+
+/// Returns as the progress thread `tid` begins a sleep: its sleeps just went up by one.
+fn as_it_falls_asleep(tid: u32) {
+    let before = sleeps(tid);
+    let until = Instant::now() + Duration::from_secs(5);
+    while sleeps(tid) == before {
+        assert!(Instant::now() < until, "the progress thread never slept again");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 #[test]
 fn an_idle_device_wakes_about_once_a_second_and_a_timer_armed_meanwhile_still_fires() {
-    let (a, progress) = open_with_thread(48);
-    let b = Context::open_port(IpAddr::from([127, 0, 0, 49]), 0).unwrap();
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let (a, progress) =
+        open_with_thread(|| Context::open_sharded(IpAddr::from([127, 0, 0, 48]), 0, 1).unwrap());
+    let b = Context::open_sharded(IpAddr::from([127, 0, 0, 49]), 0, 1).unwrap();
     let ch = a.create_channel().unwrap();
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
     let cqa = a.create_cq(8, Some(&ch)).unwrap();
@@ -66,7 +100,7 @@ fn an_idle_device_wakes_about_once_a_second_and_a_timer_armed_meanwhile_still_fi
 
     // Idle: no timer, nothing arriving. After a second of 20 ms naps the thread sleeps a
     // second at a time.
-    std::thread::sleep(Duration::from_millis(1500));
+    settle_idle(progress);
     let before = sleeps(progress);
     std::thread::sleep(Duration::from_secs(2));
     let idle = sleeps(progress) - before;
@@ -78,6 +112,7 @@ fn an_idle_device_wakes_about_once_a_second_and_a_timer_armed_meanwhile_still_fi
     // thread runs the timer, and the failure shows on the channel's descriptor.
     drop((qb, cqb, pb, b));
     cqa.req_notify(false).unwrap();
+    as_it_falls_asleep(progress);
     let start = Instant::now();
     qa.post_send(SendWr {
         wr_id: 1,
@@ -95,6 +130,51 @@ fn an_idle_device_wakes_about_once_a_second_and_a_timer_armed_meanwhile_still_fi
     assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RetryExcErr));
     eprintln!("a SEND to a gone peer failed after {took:?}");
     // Two timeouts of 4 ms, backed off; a progress thread that slept on through them
-    // would take up to its second.
-    assert!(took < Duration::from_millis(400), "the retransmission timer waited {took:?}");
+    // would take its second.
+    assert!(took < Duration::from_millis(300), "the retransmission timer waited {took:?}");
+}
+
+#[test]
+fn a_datagram_the_network_delays_is_delivered_after_its_delay_though_both_devices_idle() {
+    // The in-memory network holds a delayed datagram until a device next receives or
+    // sends; a UD send arms no protocol timer. The sender's progress thread must still
+    // wake when the datagram is due, rather than at the end of its second.
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let net =
+        MemoryNetwork::new(5, Impairments { delay: Duration::from_millis(2), ..Impairments::default() });
+    let (a, pa_thread) =
+        open_with_thread(|| Context::open_in(&net, "10.0.0.1:4791".parse().unwrap()).unwrap());
+    let (b, pb_thread) =
+        open_with_thread(|| Context::open_in(&net, "10.0.0.2:4791".parse().unwrap()).unwrap());
+    let qkey = Qkey(0x77);
+    let ch = b.create_channel().unwrap();
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let cqa = a.create_cq(8, None).unwrap();
+    let cqb = b.create_cq(8, Some(&ch)).unwrap();
+    let qa = pa.prepare_qp(&QpBuilder::ud(qkey), &cqa, &cqa).unwrap().ready().unwrap();
+    let qb = pb.prepare_qp(&QpBuilder::ud(qkey), &cqb, &cqb).unwrap().ready().unwrap();
+    let (mra, mrb) =
+        (pa.register(8, Access::LOCAL_WRITE).unwrap(), pb.register(64, Access::LOCAL_WRITE).unwrap());
+    qb.post_recv(RecvWr { wr_id: 9, sg_list: softrdma::sgl![mrb.sge(0, 64).unwrap()] }).unwrap();
+    let to = pa.create_ah(&AhAttr::to_socket(b.local_addr())).unwrap().dest(qb.qpn(), qkey);
+    settle_idle(pa_thread);
+    settle_idle(pb_thread);
+    cqb.req_notify(false).unwrap();
+    as_it_falls_asleep(pa_thread);
+    let start = Instant::now();
+    qa.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: softrdma::sgl![mra.sge(0, 8).unwrap()],
+        flags: SendFlags::default(),
+        ud: Some(to),
+    })
+    .unwrap();
+    let mut pfd = libc::pollfd { fd: ch.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    assert_eq!(unsafe { libc::poll(&mut pfd, 1, 20_000) }, 1, "the datagram never arrived");
+    let took = start.elapsed();
+    eprintln!("a datagram delayed 2 ms arrived after {took:?}");
+    assert_eq!(cqb.poll_one().map(|wc| (wc.wr_id, wc.status)), Some((9, WcStatus::Success)));
+    assert!(took < Duration::from_millis(300), "the delayed datagram waited {took:?}");
 }
