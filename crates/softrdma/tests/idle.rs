@@ -3,7 +3,6 @@
 //! A test binary of its own, its tests one at a time, so that no other test's devices are
 //! in the process.
 
-use std::collections::HashSet;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -17,42 +16,8 @@ use softrdma::{
 /// Taken by each test: one at a time.
 static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn tasks() -> HashSet<u32> {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect()
-}
-
-/// The voluntary context switches of one of this process's threads: each time it slept.
-fn sleeps(tid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
-/// Opens a device with `open` (one shard, whatever `SOFTRDMA_SHARDS` says), and finds
-/// its progress thread: the thread its opening started (which names itself once it runs).
-fn open_with_thread(open: impl FnOnce() -> Context) -> (Context, u32) {
-    let before = tasks();
-    let ctx = open();
-    let until = Instant::now() + Duration::from_secs(5);
-    loop {
-        let named: Vec<u32> = tasks()
-            .difference(&before)
-            .copied()
-            .filter(|t| {
-                let comm = std::fs::read_to_string(format!("/proc/self/task/{t}/comm")).unwrap_or_default();
-                comm.starts_with("softrdma-") && !comm.starts_with("softrdma-res")
-            })
-            .collect();
-        if let [t] = named[..] {
-            return (ctx, t);
-        }
-        assert!(Instant::now() < until, "the device's progress thread: {named:?}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
+mod threads;
+use threads::{open_with_thread, sleeps};
 
 /// Waits until the progress thread `tid` naps long: a 200 ms window in which it slept at
 /// most once (up to 10 s; a loaded machine makes its naps of 20 ms slow to add up).

@@ -3,48 +3,19 @@
 //! requests (a wake-up from idle costs tens of microseconds on a VM, more than the READ
 //! itself). One test in a process of its own, so that no other test's threads compete.
 
-use std::collections::HashSet;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use softrdma::{Access, ConnectOptions, Context, QpBuilder, Rkey, SendFlags, SendOp, SendWr, WcStatus};
 
-fn tasks() -> HashSet<u32> {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect()
-}
-
-/// The voluntary context switches of one of this process's threads: each time it slept.
-fn sleeps(tid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
+mod threads;
+use threads::{open_with_thread, sleeps};
 
 #[test]
 fn a_read_targets_progress_thread_stays_awake_between_back_to_back_reads() {
-    let before = tasks();
-    let target = Context::open_port(IpAddr::from([127, 0, 0, 44]), 0).unwrap();
-    // The target device's progress thread is the thread its opening started (which
-    // names itself once it runs).
-    let until = Instant::now() + Duration::from_secs(5);
-    let progress = loop {
-        let named: Vec<u32> = tasks()
-            .difference(&before)
-            .copied()
-            .filter(|t| {
-                let comm = std::fs::read_to_string(format!("/proc/self/task/{t}/comm")).unwrap_or_default();
-                comm.starts_with("softrdma-") && !comm.starts_with("softrdma-res")
-            })
-            .collect();
-        if let [t] = named[..] {
-            break t;
-        }
-        assert!(Instant::now() < until, "the target's progress thread: {named:?}");
-        std::thread::sleep(Duration::from_millis(1));
-    };
+    // The target device's progress thread: one shard, whatever SOFTRDMA_SHARDS says.
+    let (target, progress) =
+        open_with_thread(|| Context::open_sharded(IpAddr::from([127, 0, 0, 44]), 0, 1).unwrap());
     let client = Context::open_port(IpAddr::from([127, 0, 0, 45]), 0).unwrap();
 
     let mut prepared = Vec::new();
