@@ -219,3 +219,43 @@ fn a_watcher_that_leaves_after_a_long_wait_wakes_the_progress_thread() {
     let median = delivery_after_the_watcher_left(56, true);
     assert!(median < Duration::from_millis(5), "the link stayed unwatched for {median:?} (median of 10)");
 }
+
+#[test]
+fn a_delayed_ack_that_an_event_mode_threads_pass_arms_still_leaves_in_time() {
+    // b's thread, waiting on its channel, receives a's SEND itself. b's QP talks back (it
+    // sent to a just before), so its ACK waits up to 100 us for b's next request; b sends
+    // none and waits again. The ACK is then the progress thread's to send, and the pass
+    // that armed its timer must have told it.
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let (a, b) = pair(58, 59, EventWake::Lean, false);
+    let mut took = Vec::new();
+    for round in 0..20 {
+        b.send(round);
+        a.take_message();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                b.take_message();
+                // Waits on, watching the link, with nothing more coming.
+                b.rcq.req_notify(false).unwrap();
+                let _ = b.ch.get_event_timeout(Duration::from_millis(30)).unwrap();
+            });
+            // (b's thread is waiting by then; b sent less than 1 ms ago.)
+            std::thread::sleep(Duration::from_micros(200));
+            let start = Instant::now();
+            a.send(100 + round);
+            let wc = loop {
+                if let Some(wc) = a.scq.poll_one() {
+                    break wc;
+                }
+                assert!(start.elapsed() < Duration::from_secs(20), "never acknowledged");
+            };
+            assert_eq!((wc.wr_id, wc.status), (100 + round, WcStatus::Success));
+            took.push(start.elapsed());
+        });
+        while a.scq.poll_one().is_some() {}
+    }
+    took.sort();
+    eprintln!("SENDs acknowledged after {took:?}");
+    let median = took[took.len() / 2];
+    assert!(median < Duration::from_millis(5), "the delayed ACK left after {median:?} (median of 20)");
+}
