@@ -46,14 +46,14 @@ read -r lat_event event_p99 event_p999 event_user event_sys <<<"$(perf send_lat 
   jsons t_typical p99 p99_9 cpu_user_pct cpu_sys_pct)"
 # READ: a full round trip, served on the target by its progress thread alone.
 read -r read_lat read_p99 <<<"$(perf read_lat -s 8 -n "$ITERS" | jsons t_typical p99)"
-read -r udp_lat udp_p99 udp_p999 <<<"$("$PROBE" pingpong "$ITERS" 8 | awk '{print $2, $5, $7}')"
+read -r udp_lat udp_p99 udp_p999 <<<"$(timeout 120 "$PROBE" pingpong "$ITERS" 8 | awk '{print $2, $5, $7}')"
 # Event mode with the warm hand-back (the progress thread woken per message), beside the
 # default lean one.
 read -r warm_event warm_user warm_sys <<<"$(SOFTRDMA_EVENT_WAKE=warm perf send_lat -s 8 -n "$ITERS" -e --cpu_util |
   jsons t_typical cpu_user_pct cpu_sys_pct)"
 # The blocking raw UDP ping-pong, with the CPU time of its two sides (one process).
 wait_out=$(mktemp)
-wait_cpu=$( { TIMEFORMAT='%U %S %R'; time "$PROBE" pingpong-wait "$ITERS" 8 >"$wait_out" 2>/dev/null; } 2>&1 |
+wait_cpu=$( { TIMEFORMAT='%U %S %R'; time timeout 120 "$PROBE" pingpong-wait "$ITERS" 8 >"$wait_out" 2>/dev/null; } 2>&1 |
   awk 'END { if (NF == 3 && $3 > 0) printf "%.1f", 100 * ($1 + $2) / $3 / 2 }')
 read -r udp_wait udp_wait_p99 udp_wait_p999 <<<"$(awk '{print $2, $5, $7}' "$wait_out")"
 rm -f "$wait_out"

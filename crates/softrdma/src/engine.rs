@@ -121,9 +121,11 @@ fn runnable_threads() -> Option<usize> {
     runnable_in_loadavg(&text)
 }
 
+/// The `running` of `/proc/loadavg`'s `running/total` field (the fourth).
 fn runnable_in_loadavg(text: &str) -> Option<usize> {
     text.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
 }
+
 /// While application threads come and go watching the link (an event-mode program waits,
 /// takes its completion, posts and waits again) less than this apart, the progress thread
 /// of a lean hand-back (see [`EventWake::Lean`]) naps this long at most and then looks
