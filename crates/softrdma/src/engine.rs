@@ -63,6 +63,94 @@ const BUSY_POLLS: u64 = 16;
 /// the next request awake, as a NIC would, instead of paying a wake-up from idle for it
 /// (~30 us on a VM's vCPU). An idle device never spins.
 const SPIN_AFTER_RX: Duration = Duration::from_micros(50);
+/// How often the progress threads look whether the machine has a core to spare for their
+/// spin (see [`spin_has_a_core`]).
+const RUNNABLE_SAMPLE: Duration = Duration::from_millis(10);
+/// Samples in a row that must find more runnable threads than cores before the spin stops:
+/// an instant's count is noisy (a kernel worker, a thread waking for a moment), and a
+/// one-sided target's spin is worth keeping through it.
+const OVERSUBSCRIBED_SAMPLES: u32 = 3;
+
+/// Whether a progress thread's spin after an arrival runs on a core no other thread wants:
+/// the machine's runnable threads (the fourth field of `/proc/loadavg`, the spinner itself
+/// counted) are no more than its online CPUs. Sampled every [`RUNNABLE_SAMPLE`] at most,
+/// for the whole process. Both counts are the machine's (or the VM's): a container's CPU
+/// quota or a process's affinity mask is not taken into account.
+///
+/// A spin pays only there. With more runnable threads than cores (on two cores, two
+/// programs spinning on memory for each other's WRITEs, as perftest's `ib_write_lat` over
+/// UC does, and their two progress threads), a spinning progress thread shares its core
+/// with a program's thread in time slices of milliseconds, and the peer's packet waits
+/// for the slice; a progress thread that sleeps in the kernel instead is woken by the
+/// packet and preempts the spinner. The spin stops after [`OVERSUBSCRIBED_SAMPLES`] such
+/// samples in a row and resumes at the first that finds a core free. Where
+/// `/proc/loadavg` cannot be read, spinning stays on.
+fn spin_has_a_core() -> bool {
+    // Nanoseconds since the process's first sample (the devices' own clocks start apart).
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    static SAMPLED: AtomicU64 = AtomicU64::new(0);
+    // Samples in a row that found more runnable threads than cores.
+    static CROWDED: AtomicU32 = AtomicU32::new(0);
+    let last = SAMPLED.load(Ordering::Relaxed);
+    let now = ns(EPOCH.get_or_init(Instant::now).elapsed()).max(1);
+    if (last == 0 || now.saturating_sub(last) >= ns(RUNNABLE_SAMPLE))
+        // One thread samples; the others take the last verdict.
+        && SAMPLED.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    {
+        if let (Some(&cores), Some(runnable)) = (CORES.get(), runnable_threads()) {
+            let crowded =
+                if runnable > cores { CROWDED.load(Ordering::Relaxed).saturating_add(1) } else { 0 };
+            CROWDED.store(crowded, Ordering::Relaxed);
+        }
+    }
+    CROWDED.load(Ordering::Relaxed) < OVERSUBSCRIBED_SAMPLES
+}
+
+/// The machine's online CPUs (at least 1).
+fn online_cpus() -> usize {
+    // SAFETY: sysconf only reads system configuration.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(1)
+}
+
+/// `/proc/loadavg`, opened once for the process by the first device's opening (an
+/// application thread's call) and kept: the progress threads read it with `pread` and
+/// never open or close a descriptor themselves.
+///
+/// A background thread that opens and closes files churns descriptor numbers under the
+/// application, and an application that closes a descriptor twice (iperf3 does, its test
+/// stream's socket) then closes the library's file, or a descriptor that took the number
+/// meanwhile: iperf3 over rsockets lost its end-of-test message to that in 3 runs of 8
+/// while the progress threads opened `/proc/loadavg` for each sample. `tests/descriptors.rs`
+/// guards it.
+static LOADAVG: OnceLock<Option<std::fs::File>> = OnceLock::new();
+
+/// Opens [`LOADAVG`] and counts the online CPUs, once per process; called where a device
+/// opens.
+fn open_load_probe() {
+    LOADAVG.get_or_init(|| std::fs::File::open("/proc/loadavg").ok());
+    CORES.get_or_init(online_cpus);
+}
+
+/// The machine's online CPUs, counted by [`open_load_probe`] (`sysconf` reads a file).
+static CORES: OnceLock<usize> = OnceLock::new();
+
+/// The machine's runnable threads now (`/proc/loadavg`'s `running/total`), read through
+/// the descriptor [`open_load_probe`] opened; `None` if it could not (then the spin stays
+/// on). Should the application have closed that descriptor and reused its number, the
+/// read fails or finds text that does not parse, and harms nothing.
+fn runnable_threads() -> Option<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 128];
+    let n = LOADAVG.get()?.as_ref()?.read_at(&mut buf, 0).ok()?;
+    runnable_in_loadavg(std::str::from_utf8(&buf[..n]).ok()?)
+}
+
+/// The `running` of `/proc/loadavg`'s `running/total` field (the fourth).
+fn runnable_in_loadavg(text: &str) -> Option<usize> {
+    text.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
+}
+
 /// While application threads come and go watching the link (an event-mode program waits,
 /// takes its completion, posts and waits again) less than this apart, the progress thread
 /// of a lean hand-back (see [`EventWake::Lean`]) naps this long at most and then looks
@@ -240,7 +328,8 @@ pub struct IoStats {
     /// hand-back; with `SOFTRDMA_EVENT_WAKE=lean`, only from a long nap).
     pub handback_wakes: u64,
     /// Times the progress thread, serving the link, kept polling it after an arrival
-    /// instead of sleeping (for up to 50 us).
+    /// instead of sleeping (for up to 50 us; not once the machine has had more runnable
+    /// threads than cores for three samples in a row, 10 ms apart).
     pub spins: u64,
 }
 
@@ -590,6 +679,7 @@ impl Engine {
         primary: Option<&Engine>,
     ) -> std::io::Result<Engine> {
         crate::init_logging();
+        open_load_probe();
         let local = link.local();
         let link_fds = link.fds();
         let events = match primary {
@@ -2124,7 +2214,10 @@ impl Engine {
                     // A pass comes next, and maybe no nap after it: posts send at once.
                     self.polled_nap.store(false, Ordering::SeqCst);
                 }
-            } else if let Some(t) = last_rx.filter(|&t| self.now() < t + SPIN_AFTER_RX) {
+            } else if let Some(t) = last_rx.filter(|&t| {
+                let now = self.now();
+                now < t + SPIN_AFTER_RX && spin_has_a_core()
+            }) {
                 // This thread serves the link and traffic is flowing: stay awake (a post's
                 // new timer needs no nudge meanwhile), watching the link without the engine
                 // lock, which stays free for the application's posts and polls, until
@@ -2160,6 +2253,15 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::{IoStats, PolledNap};
+
+    #[test]
+    fn runnable_threads_come_from_the_fourth_field_of_loadavg() {
+        assert_eq!(super::runnable_in_loadavg("0.80 1.32 1.20 3/79 26723\n"), Some(3));
+        assert_eq!(super::runnable_in_loadavg("0.80 1.32 1.20"), None);
+        assert_eq!(super::runnable_in_loadavg("0.80 1.32 1.20 x/79 1"), None);
+        super::open_load_probe();
+        assert!(super::runnable_threads().is_some(), "this machine has /proc/loadavg");
+    }
 
     #[test]
     fn the_event_wake_variable_names_warm_or_lean() {
