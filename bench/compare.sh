@@ -3,6 +3,10 @@
 #
 #   bench/compare.sh            # about three minutes; needs root only to install baselines
 #
+# ITERS (default 100000) sets the latency runs' round trips, DUR (default 3) the bandwidth
+# runs' seconds, ROUNDS (default 3) the alternating rounds of event mode and the blocking
+# raw ping-pong.
+#
 # SOFTRDMA_BIN and UDP_PROBE_BIN name prebuilt binaries (a machine without cargo: both set,
 # nothing is built). SHARDS sets the shard count of the `-q 8` bandwidth run (default: half
 # the cores, a power of two, at most 8).
@@ -42,8 +46,6 @@ perf() { port=$((port + 1)); "$SR" perf "$@" --local --json -p "$port" 2>/dev/nu
 echo "softrdma side-by-side benchmark, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, kernel $(uname -r)" >&2
 
 read -r lat_busy busy_p99 busy_p999 <<<"$(perf send_lat -s 8 -n "$ITERS" | jsons t_typical p99 p99_9)"
-read -r lat_event event_p99 event_p999 event_user event_sys <<<"$(perf send_lat -s 8 -n "$ITERS" -e --cpu_util |
-  jsons t_typical p99 p99_9 cpu_user_pct cpu_sys_pct)"
 # READ: a full round trip, served on the target by its progress thread alone.
 read -r read_lat read_p99 <<<"$(perf read_lat -s 8 -n "$ITERS" | jsons t_typical p99)"
 read -r udp_lat udp_p99 udp_p999 <<<"$(timeout 120 "$PROBE" pingpong "$ITERS" 8 | awk '{print $2, $5, $7}')"
@@ -51,12 +53,43 @@ read -r udp_lat udp_p99 udp_p999 <<<"$(timeout 120 "$PROBE" pingpong "$ITERS" 8 
 # default lean one.
 read -r warm_event warm_user warm_sys <<<"$(SOFTRDMA_EVENT_WAKE=warm perf send_lat -s 8 -n "$ITERS" -e --cpu_util |
   jsons t_typical cpu_user_pct cpu_sys_pct)"
-# The blocking raw UDP ping-pong, with the CPU time of its two sides (one process).
-wait_out=$(mktemp)
-wait_cpu=$( { TIMEFORMAT='%U %S %R'; time timeout 120 "$PROBE" pingpong-wait "$ITERS" 8 >"$wait_out" 2>/dev/null; } 2>&1 |
-  awk 'END { if (NF == 3 && $3 > 0) printf "%.1f", 100 * ($1 + $2) / $3 / 2 }')
-read -r udp_wait udp_wait_p99 udp_wait_p999 <<<"$(awk '{print $2, $5, $7}' "$wait_out")"
-rm -f "$wait_out"
+# Event mode beside the blocking raw UDP ping-pong (with the CPU time of its two sides, one
+# process), in ROUNDS alternating rounds of ITERS/ROUNDS round trips each: whether two
+# threads that sleep and wake each other share a vCPU or wake one another across two
+# (tens of µs on a VM whose idle vCPUs halt) changes from minute to minute, for both alike.
+# The medians are the rounds' middle ones; the ratio to the raw ping-pong is the middle of
+# the rounds' own ratios.
+ROUNDS=${ROUNDS:-3}
+round_iters=$((ITERS / ROUNDS))
+ev_rounds=(); wait_rounds=()
+for _ in $(seq "$ROUNDS"); do
+  ev_rounds+=("$(perf send_lat -s 8 -n "$round_iters" -e --cpu_util | jsons t_typical p99 p99_9 cpu_user_pct cpu_sys_pct)")
+  wait_out=$(mktemp)
+  cpu=$( { TIMEFORMAT='%U %S %R'; time timeout 120 "$PROBE" pingpong-wait "$round_iters" 8 >"$wait_out" 2>/dev/null; } 2>&1 |
+    awk 'END { if (NF == 3 && $3 > 0) printf "%.1f", 100 * ($1 + $2) / $3 / 2 }')
+  wait_rounds+=("$(awk '{printf "%s %s %s", $2, $5, $7}' "$wait_out") ${cpu:-None}")
+  rm -f "$wait_out"
+done
+# Prints: event median, p99, p99.9, user %, kernel %; raw median, p99, p99.9, CPU %; the
+# paired ratio; and each round's two medians ("a/b,c/d,...").
+read -r lat_event event_p99 event_p999 event_user event_sys udp_wait udp_wait_p99 udp_wait_p999 wait_cpu \
+  event_wait_ratio event_rounds <<<"$(python3 - "${ev_rounds[@]}" -- "${wait_rounds[@]}" <<'PY'
+import statistics, sys
+args = sys.argv[1:]
+cut = args.index("--")
+num = lambda x: None if x in ("", "None") else float(x)
+ev = [[num(x) for x in a.split()] for a in args[:cut]]
+raw = [[num(x) for x in a.split()] for a in args[cut + 1:]]
+def mid(rows, i):
+    xs = [r[i] for r in rows if len(r) > i and r[i] is not None]
+    return statistics.median(xs) if xs else None
+pairs = [(e[0], w[0]) for e, w in zip(ev, raw) if e and w and e[0] is not None and w[0]]
+ratio = statistics.median([e / w for e, w in pairs]) if pairs else None
+out = [mid(ev, i) for i in range(5)] + [mid(raw, i) for i in range(4)] + [ratio]
+print(" ".join("None" if x is None else f"{x:.4g}" for x in out),
+      ",".join(f"{e:.1f}/{w:.1f}" for e, w in pairs) or "None")
+PY
+)"
 ucx_lat=""
 if command -v ucx_perftest >/dev/null 2>&1; then
   UCX_TLS=tcp ucx_perftest -t ucp_am_lat -s 8 -n "$ITERS" -p 13337 >/dev/null 2>&1 &
@@ -110,11 +143,13 @@ python3 - "$lat_busy" "$lat_event" "$udp_lat" "$ucx_lat" "$write_bw" "$send_bw" 
   "$rate" "$udp_rate" "$udp_rate_gso" "$idle_cpu" "$busy_p99" "$busy_p999" "$event_p99" "$event_p999" \
   "$udp_p99" "$udp_p999" "${event_user:-}" "${event_sys:-}" "$udp_wait" "$udp_wait_p99" "$udp_wait_p999" \
   "$udp_rate_uring" "$udp_bw_zc" "$read_lat" "$read_p99" "${warm_event:-}" "${warm_user:-}" "${warm_sys:-}" \
-  "${wait_cpu:-}" "$write_bw_q8" "$SHARDS" "$CORES" <<'PY'
+  "${wait_cpu:-}" "${event_wait_ratio:-}" "$write_bw_q8" "$SHARDS" "$CORES" "${event_rounds:-}" <<'PY'
 import sys
-v = [float(x) if x not in ("", "None") else None for x in sys.argv[1:]]
+rounds = sys.argv[-1]
+v = [float(x) if x not in ("", "None") else None for x in sys.argv[1:-1]]
 write_bw_q8, shards, cores = v[-3:]
-v = v[:-3]
+event_wait_ratio = v[-4]
+v = v[:-4]
 (lat_busy, lat_event, udp_lat, ucx_lat, write_bw, send_bw, udp_bw, ucx_bw, iperf_bw, rate, udp_rate, udp_rate_gso,
  idle, busy_p99, busy_p999, event_p99, event_p999, udp_p99, udp_p999, event_user, event_sys,
  udp_wait, udp_wait_p99, udp_wait_p999, udp_rate_uring, udp_bw_zc, read_lat, read_p99,
@@ -122,13 +157,17 @@ v = v[:-3]
 udp_rtt = None if udp_lat is None else 2 * udp_lat
 f = lambda x, d=2: "skipped" if x is None else f"{x:.{d}f}"
 r = lambda a, b: None if a is None or b is None or b == 0 else a / b
+# A ratio given as such (event mode's to the raw blocking ping-pong: the rounds' middle).
+def row(m, what, a, base, b, ratio=None):
+    ratio = r(a, b) if ratio is None else ratio
+    print(f"| {m} | {what}: {f(a)} | {base} | {f(b)} | {f(ratio)} |")
 print("| measure | softrdma | baseline | value | ratio |")
 print("|---|---:|---|---:|---:|")
 rows = [
     ("one-way latency, 8 B, µs (median)", "send_lat busy-poll", lat_busy, "raw UDP ping-pong (busy-poll)", udp_lat),
     ("", "send_lat busy-poll", lat_busy, "UCX over TCP (ucp_am_lat)", ucx_lat),
     ("", "send_lat -e (events)", lat_event, "send_lat busy-poll", lat_busy),
-    ("", "send_lat -e (events)", lat_event, "raw UDP ping-pong, blocking recv", udp_wait),
+    ("", "send_lat -e (events)", lat_event, "raw UDP ping-pong, blocking recv", udp_wait, event_wait_ratio),
     ("", "send_lat -e, warm hand-back", warm_event, "send_lat busy-poll", lat_busy),
     ("round trip, 8 B, µs (median)", "read_lat (target: no app thread)", read_lat, "raw UDP ping-pong round trip", udp_rtt),
     ("bandwidth, 64 KiB, MiB/s", "write_bw", write_bw, "raw UDP, GSO+GRO, 4 KiB segments", udp_bw),
@@ -142,8 +181,8 @@ rows = [
     ("", "send_bw -s 2", rate, "raw UDP, 20 B, sendmmsg/recvmmsg", udp_rate),
     ("", "raw UDP, sendmmsg/recvmmsg", udp_rate, "raw UDP, 20 B, io_uring SENDMSG/RECVMSG", udp_rate_uring),
 ]
-for m, what, a, base, b in rows:
-    print(f"| {m} | {what}: {f(a)} | {base} | {f(b)} | {f(r(a, b))} |")
+for fields in rows:
+    row(*fields)
 print(f"| idle event-mode process, CPU % over 10 s | {f(idle)} | — | — | — |")
 print(f"| send_lat -e client CPU, % of elapsed | user {f(event_user, 1)}, kernel {f(event_sys, 1)} | "
       f"raw UDP blocking ping-pong, CPU per side | {f(wait_cpu, 1)} | "
@@ -158,6 +197,8 @@ print(f"| softrdma send_lat -e, warm hand-back | {f(warm_event)} | — | — |")
 print(f"| softrdma read_lat (round trip) | {f(read_lat)} | {f(read_p99)} | — |")
 print(f"| raw UDP ping-pong | {f(udp_lat)} | {f(udp_p99)} | {f(udp_p999)} |")
 print(f"| raw UDP ping-pong, blocking recv | {f(udp_wait)} | {f(udp_wait_p99)} | {f(udp_wait_p999)} |")
+print()
+print(f"event mode and the blocking raw ping-pong, medians of each round, µs (softrdma/raw): {rounds}")
 missed = []
 def target(name, ok, ratio):
     if ratio is None:
