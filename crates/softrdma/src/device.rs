@@ -462,8 +462,7 @@ impl ContextInner {
             let name = if k == 0 { device.name.clone() } else { format!("{}/{k}", device.name) };
             crate::introspect::register(engine, &name);
             let runner = engine.clone();
-            let spawned =
-                std::thread::Builder::new().name(format!("softrdma-{name}")).spawn(move || runner.run());
+            let spawned = crate::sys::spawn_quiet(format!("softrdma-{name}"), move || runner.run());
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {

@@ -166,7 +166,7 @@ fn start() {
     let _ = std::fs::remove_file(&path);
     let Ok(listener) = UnixListener::bind(&path) else { return };
     let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
-    let _ = std::thread::Builder::new().name("softrdma-res".into()).spawn(move || {
+    let _ = crate::sys::spawn_quiet("softrdma-res".into(), move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
             let _ = conn.set_write_timeout(Some(std::time::Duration::from_secs(2)));

@@ -557,14 +557,12 @@ impl CompletionPoller {
     pub fn spawn(ctx: &Context, depth: usize) -> Result<CompletionPoller> {
         let p = Self::new(ctx, depth, WaitMode::Event)?;
         let shared = p.shared.clone();
-        std::thread::Builder::new()
-            .name("softrdma-poller".into())
-            .spawn(move || {
-                while !shared.stop.load(Ordering::Acquire) {
-                    shared.drive(|| false, Some(Instant::now() + Duration::from_millis(100)));
-                }
-            })
-            .map_err(Error::Io)?;
+        crate::sys::spawn_quiet("softrdma-poller".into(), move || {
+            while !shared.stop.load(Ordering::Acquire) {
+                shared.drive(|| false, Some(Instant::now() + Duration::from_millis(100)));
+            }
+        })
+        .map_err(Error::Io)?;
         Ok(p)
     }
 

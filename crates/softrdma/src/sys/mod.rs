@@ -77,6 +77,36 @@ impl AsRawFd for EventFd {
     }
 }
 
+/// Spawns one of the library's own threads (a progress thread, the introspection socket's,
+/// a poller's) with every asynchronous signal blocked. The library lives inside other
+/// programs: a signal sent to the process goes to any thread that does not block it, and
+/// a program that blocks, say, `SIGTERM` in its threads to take it with `sigwait` or a
+/// `signalfd` would otherwise see it land on a library thread, where its default action
+/// ends the process, or its handler run on a thread it does not know. The mask is set in
+/// the spawning thread around the spawn, so the new thread starts with it and no signal
+/// can reach it first. The signals a fault raises (`SIGSEGV`, `SIGBUS`, `SIGFPE`,
+/// `SIGILL`, `SIGTRAP`) stay open: the kernel sends them to the faulting thread whatever
+/// its mask.
+pub(crate) fn spawn_quiet<T: Send + 'static>(
+    name: String,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> io::Result<std::thread::JoinHandle<T>> {
+    // SAFETY: sigset operations on local sets; pthread_sigmask changes only the calling
+    // thread's mask, which is put back before returning.
+    unsafe {
+        let mut block: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut block);
+        for fault in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP] {
+            libc::sigdelset(&mut block, fault);
+        }
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
+        let spawned = std::thread::Builder::new().name(name).spawn(f);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        spawned
+    }
+}
+
 /// Waits until one of `fds` is readable or `timeout` passes (`None`: forever). Returns
 /// which fds are readable.
 pub(crate) fn wait_readable<const N: usize>(
