@@ -159,6 +159,13 @@ fn runnable_in_loadavg(text: &str) -> Option<usize> {
 /// most (and the timer slack of the nap). Watchers that leave further apart wake it as
 /// they leave, one wake-up per message, as the warm hand-back's.
 const HANDBACK_STEP: Duration = Duration::from_micros(500);
+/// Empty CQ polls after a watcher leaves that run no pass. A thread back from a wait on a
+/// completion channel polls its CQ to take what the event announced, posts, and polls
+/// again before it waits: its own watch pass received what had come, so such a poll's
+/// pass would only ask the socket for nothing (a `recvmmsg` that fails with `EAGAIN`, two
+/// per message in a ping-pong). Past these, a thread that keeps polling drives the link
+/// as any busy poller does.
+const QUIET_POLLS: u32 = 4;
 /// A poller that ran no pass for this long has left the link (a busy poll passes every
 /// few hundred ns; a thread descheduled on a busy machine is away for tens of us).
 const POLLER_GONE: Duration = Duration::from_micros(100);
@@ -331,6 +338,9 @@ pub struct IoStats {
     /// instead of sleeping (for up to 50 us; not once the machine has had more runnable
     /// threads than cores for three samples in a row, 10 ms apart).
     pub spins: u64,
+    /// Receives that found nothing on the socket (each a system call, or one per socket
+    /// of a link with several): what polls without a message cost.
+    pub empty_recvs: u64,
 }
 
 impl std::ops::AddAssign for IoStats {
@@ -347,6 +357,7 @@ impl std::ops::AddAssign for IoStats {
             strays,
             handback_wakes,
             spins,
+            empty_recvs,
         } = o;
         self.send_calls += send_calls;
         self.packets_sent += packets_sent;
@@ -358,6 +369,7 @@ impl std::ops::AddAssign for IoStats {
         self.strays += strays;
         self.handback_wakes += handback_wakes;
         self.spins += spins;
+        self.empty_recvs += empty_recvs;
     }
 }
 
@@ -373,6 +385,7 @@ struct IoCounters {
     strays: AtomicU64,
     handback_wakes: AtomicU64,
     spins: AtomicU64,
+    empty_recvs: AtomicU64,
 }
 
 /// An asynchronous event (`ibv_async_event`).
@@ -541,6 +554,9 @@ pub(crate) struct Engine {
     event_wake: AtomicU8,
     /// A watcher left since the progress thread last looked.
     watcher_left: AtomicBool,
+    /// Passes left to skip for CQ polls that follow a watcher's departure (see
+    /// [`QUIET_POLLS`]).
+    quiet_polls: AtomicU32,
     /// When the last watcher left (ns since the epoch), and whether it left less than
     /// [`HANDBACK_STEP`] after the one before it.
     last_departure: AtomicU64,
@@ -628,6 +644,7 @@ impl Drop for WatchGuard<'_> {
         let gap = now.saturating_sub(e.last_departure.swap(now, Ordering::Relaxed));
         e.departures_close.store(gap < ns(HANDBACK_STEP), Ordering::Relaxed);
         e.watcher_left.store(true, Ordering::SeqCst);
+        e.quiet_polls.store(QUIET_POLLS, Ordering::Relaxed);
         if e.app_watching.fetch_sub(1, Ordering::SeqCst) == 1
             && e.napping.load(Ordering::SeqCst)
             && e.napping_long.load(Ordering::SeqCst)
@@ -737,6 +754,7 @@ impl Engine {
             app_watching: AtomicU64::new(0),
             event_wake: AtomicU8::new(EventWake::from_env() as u8),
             watcher_left: AtomicBool::new(false),
+            quiet_polls: AtomicU32::new(0),
             last_departure: AtomicU64::new(0),
             departures_close: AtomicBool::new(false),
             napping_long: AtomicBool::new(true),
@@ -1303,6 +1321,7 @@ impl Engine {
             strays: g(&c.strays),
             handback_wakes: g(&c.handback_wakes),
             spins: g(&c.spins),
+            empty_recvs: g(&c.empty_recvs),
         }
     }
 
@@ -1620,8 +1639,18 @@ impl Engine {
 
     /// Runs one pass if the engine is free; returns whether it ran. Called by threads
     /// polling a CQ, which also tells the progress thread that someone is busy-polling.
+    /// The first [`QUIET_POLLS`] after a watcher leaves run none.
     pub(crate) fn try_progress(&self) -> bool {
         self.count_app_poll();
+        // Checked, never below zero: threads polling at once may race for the last one.
+        if self.quiet_polls.load(Ordering::Relaxed) > 0
+            && self
+                .quiet_polls
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| q.checked_sub(1))
+                .is_ok()
+        {
+            return false;
+        }
         let mut core = match self.core.try_lock() {
             Ok(core) => core,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
@@ -1750,6 +1779,9 @@ impl Engine {
                 );
                 stage!(PacketHandled);
             });
+            if got.datagrams == 0 {
+                self.io.empty_recvs.fetch_add(1, Ordering::Relaxed);
+            }
             if got.datagrams > 0 {
                 stage!(RecvDone);
                 received = true;
@@ -2288,6 +2320,7 @@ mod tests {
             strays: 8 * k,
             handback_wakes: 9 * k,
             spins: 10 * k,
+            empty_recvs: 11 * k,
         };
         let mut sum = one(1);
         sum += one(10);
