@@ -588,11 +588,11 @@ impl CompletionChannel {
             fds[0] = self.shared.efd.as_raw_fd();
             let n = 1 + link.len().min(7);
             fds[1..n].copy_from_slice(&link[..n - 1]);
-            let watching = self.ctx.engine.app_watch_begin();
+            let mut watching = self.ctx.engine.app_watch_begin();
             let ready = sys::wait_readable_any(&fds[..n], Some(left))?;
             if ready & !1 != 0 {
                 let _delivering = Delivering::to(&self.shared);
-                self.ctx.engine.try_progress_quiet();
+                watching.pass();
             }
             drop(watching);
         }

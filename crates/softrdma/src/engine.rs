@@ -338,8 +338,9 @@ pub struct IoStats {
     /// instead of sleeping (for up to 50 us; not once the machine has had more runnable
     /// threads than cores for three samples in a row, 10 ms apart).
     pub spins: u64,
-    /// Receives that found nothing on the socket (each a system call, or one per socket
-    /// of a link with several): what polls without a message cost.
+    /// Receives by application threads' CQ polls that found nothing on the socket (each a
+    /// system call, or one per socket of a link with several): what polls without a
+    /// message cost the application.
     pub empty_recvs: u64,
 }
 
@@ -635,16 +636,30 @@ impl EventWake {
 /// all sequentially consistent), either the progress thread sees no watcher and does not
 /// nap off the link, or the last watcher sees it napping and wakes it, or the nap ends
 /// within [`HANDBACK_STEP`] (a lean hand-back's short nap, `napping_long` false).
-pub(crate) struct WatchGuard<'a>(&'a Engine);
+pub(crate) struct WatchGuard<'a> {
+    engine: &'a Engine,
+    /// The watcher's own pass received what ended its wait: the polls that follow need
+    /// not ask the socket again at once (see [`QUIET_POLLS`]).
+    received: bool,
+}
+
+impl WatchGuard<'_> {
+    /// The watcher's pass, once the link is readable (see `Engine::try_progress_quiet`).
+    pub(crate) fn pass(&mut self) {
+        self.received |= self.engine.try_progress_quiet();
+    }
+}
 
 impl Drop for WatchGuard<'_> {
     fn drop(&mut self) {
-        let e = self.0;
+        let e = self.engine;
         let now = ns(e.now());
         let gap = now.saturating_sub(e.last_departure.swap(now, Ordering::Relaxed));
         e.departures_close.store(gap < ns(HANDBACK_STEP), Ordering::Relaxed);
         e.watcher_left.store(true, Ordering::SeqCst);
-        e.quiet_polls.store(QUIET_POLLS, Ordering::Relaxed);
+        if self.received {
+            e.quiet_polls.store(QUIET_POLLS, Ordering::Relaxed);
+        }
         if e.app_watching.fetch_sub(1, Ordering::SeqCst) == 1
             && e.napping.load(Ordering::SeqCst)
             && e.napping_long.load(Ordering::SeqCst)
@@ -1643,7 +1658,9 @@ impl Engine {
     pub(crate) fn try_progress(&self) -> bool {
         self.count_app_poll();
         // Checked, never below zero: threads polling at once may race for the last one.
+        // Posts a burst left for the next pass go with a pass, as they would have.
         if self.quiet_polls.load(Ordering::Relaxed) > 0
+            && self.deferred.load(Ordering::SeqCst) == 0
             && self
                 .quiet_polls
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| q.checked_sub(1))
@@ -1719,9 +1736,10 @@ impl Engine {
     }
 
     /// Runs one pass if the engine is free, without counting as a busy poll.
-    pub(crate) fn try_progress_quiet(&self) {
-        if let Ok(mut core) = self.core.try_lock() {
-            self.progress(&mut core, false);
+    pub(crate) fn try_progress_quiet(&self) -> bool {
+        let Ok(mut core) = self.core.try_lock() else { return false };
+        let received = self.progress(&mut core, false);
+        {
             // A timer the pass armed (a delayed ACK) is the progress thread's to run: lower
             // its wake-up, and wake it unless it naps a lean hand-back's short step, which
             // ends soon enough (`napping_long` speaks of the nap under way only).
@@ -1732,6 +1750,7 @@ impl Engine {
                 self.wake.signal();
             }
         }
+        received
     }
 
     /// Receives what is waiting, runs due timers, sends what is ready and delivers
@@ -1779,7 +1798,7 @@ impl Engine {
                 );
                 stage!(PacketHandled);
             });
-            if got.datagrams == 0 {
+            if got.datagrams == 0 && polled {
                 self.io.empty_recvs.fetch_add(1, Ordering::Relaxed);
             }
             if got.datagrams > 0 {
@@ -2132,7 +2151,7 @@ impl Engine {
     pub(crate) fn app_watch_begin(&self) -> WatchGuard<'_> {
         self.poller_leaves();
         self.app_watching.fetch_add(1, Ordering::SeqCst);
-        WatchGuard(self)
+        WatchGuard { engine: self, received: false }
     }
 
     pub(crate) fn stop(&self) {

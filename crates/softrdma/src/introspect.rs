@@ -123,16 +123,15 @@ pub(crate) fn register(engine: &Arc<Engine>, name: &str) {
     STARTED.call_once(start);
 }
 
-/// The snapshot of this process.
-fn snapshot() -> ProcessRes {
+/// The snapshot of this process, whose name (`/proc/self/comm`) is `comm`.
+fn snapshot(comm: &str) -> ProcessRes {
     let engines: Vec<(String, Arc<Engine>)> = {
         let r = registry().lock().unwrap_or_else(|p| p.into_inner());
         r.engines.iter().filter_map(|(n, e)| e.upgrade().map(|e| (n.clone(), e))).collect()
     };
-    let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default().trim().to_string();
     ProcessRes {
         pid: std::process::id(),
-        comm,
+        comm: comm.to_string(),
         devices: engines.iter().map(|(name, e)| e.resources(name)).collect(),
     }
 }
@@ -166,11 +165,15 @@ fn start() {
     let _ = std::fs::remove_file(&path);
     let Ok(listener) = UnixListener::bind(&path) else { return };
     let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+    // Read here, in the application's call that opened the first device: the serving
+    // thread opens no file of its own, only the connections `softrdma stat` makes (the
+    // README's "Guests in other programs").
+    let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default().trim().to_string();
     let _ = crate::sys::spawn_quiet("softrdma-res".into(), move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
             let _ = conn.set_write_timeout(Some(std::time::Duration::from_secs(2)));
-            let mut line = serde_json::to_vec(&snapshot()).unwrap_or_default();
+            let mut line = serde_json::to_vec(&snapshot(&comm)).unwrap_or_default();
             line.push(b'\n');
             let _ = conn.write_all(&line);
         }

@@ -170,9 +170,10 @@ fn polls_after_an_event_do_not_ask_the_socket_for_nothing() {
     eprintln!("receives that found nothing over {N} round trips: {asked}");
     // Each message: the watcher's pass receives it; the polls after the event (the
     // completion, the send completions, the CQ armed and polled again) find nothing on the
-    // socket, and need not ask (three a message before). A progress thread's pass now and
-    // then finds nothing too: hence the margin.
-    assert!(asked < N / 2, "{asked} receives found nothing over {N} round trips");
+    // socket, and need not ask (two or three a message before: 9,010 over the 4,000
+    // messages). A wait ended by the channel rather than the socket (its completion
+    // delivered by the progress thread) leaves its polls to ask: hence the margin.
+    assert!(asked < N / 4, "{asked} receives found nothing over {N} round trips");
 }
 
 /// After an event-mode ping-pong the waiting thread of `b` goes away for good: at once

@@ -91,9 +91,17 @@ pub(crate) fn spawn_quiet<T: Send + 'static>(
     name: String,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> io::Result<std::thread::JoinHandle<T>> {
+    /// Puts the spawning thread's mask back however the spawn ends (a panic included).
+    struct Restore(libc::sigset_t);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: sets the calling thread's mask to the one it had.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+        }
+    }
     // SAFETY: sigset operations on local sets; pthread_sigmask changes only the calling
-    // thread's mask, which is put back before returning.
-    unsafe {
+    // thread's mask, which `Restore` puts back.
+    let _restore = unsafe {
         let mut block: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut block);
         for fault in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP] {
@@ -101,10 +109,9 @@ pub(crate) fn spawn_quiet<T: Send + 'static>(
         }
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
-        let spawned = std::thread::Builder::new().name(name).spawn(f);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        spawned
-    }
+        Restore(old)
+    };
+    std::thread::Builder::new().name(name).spawn(f)
 }
 
 /// Waits until one of `fds` is readable or `timeout` passes (`None`: forever). Returns
