@@ -422,6 +422,8 @@ pub(crate) struct ChannelShared {
     /// CQs with an event, each with the arming mode the event consumed.
     events: Mutex<ChannelQueue>,
     unacked: AtomicUsize,
+    /// Events signalled through the eventfd (see [`CompletionChannel::fd_signals`]).
+    signals: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -479,6 +481,7 @@ impl ChannelShared {
         if !own {
             self.efd.signal();
             events.signaled = true;
+            self.signals.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -496,6 +499,7 @@ impl CompletionChannel {
             efd: EventFd::exposed()?,
             events: Mutex::new(ChannelQueue::default()),
             unacked: AtomicUsize::new(0),
+            signals: AtomicU64::new(0),
         });
         Ok(CompletionChannel { shared, ctx })
     }
@@ -609,6 +613,15 @@ impl CompletionChannel {
     /// Events received and not yet acknowledged.
     pub fn unacked_events(&self) -> usize {
         self.shared.unacked.load(Ordering::Relaxed)
+    }
+
+    /// Events signalled through the channel's descriptor: delivered by a thread other than
+    /// the one waiting (the progress thread, a poller), each a wake-up of the waiter. An
+    /// event the waiting thread delivers to itself, from the packet that ended its watch,
+    /// is not counted. A diagnostic: in an event-mode ping-pong nearly every event should
+    /// be the waiter's own.
+    pub fn fd_signals(&self) -> u64 {
+        self.shared.signals.load(Ordering::Relaxed)
     }
 }
 

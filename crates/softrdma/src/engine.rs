@@ -1757,6 +1757,11 @@ impl Engine {
     /// completions. Never blocks. Returns whether it received anything. `polled`: an
     /// application thread polling a CQ runs it.
     fn progress(&self, core: &mut Core, polled: bool) -> bool {
+        self.progress_receiving(core, polled, true)
+    }
+
+    /// [`Self::progress`], receiving from the link only if `receive`.
+    fn progress_receiving(&self, core: &mut Core, polled: bool, receive: bool) -> bool {
         let now = self.now();
         let mut received = false;
         let (shard, shards) = (self.sharding.index, self.sharding.count);
@@ -1768,7 +1773,7 @@ impl Engine {
             }
         }
         let mut strays: Vec<(Arrival, Vec<u8>)> = Vec::new();
-        for _ in 0..8 {
+        for _ in 0..if receive { 8 } else { 0 } {
             let Core { endpoint, mem, link, capture, .. } = &mut *core;
             let mut cap = capture.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()));
             let got = link.recv(&mut |meta, bytes| {
@@ -2182,6 +2187,10 @@ impl Engine {
         // Naps in a row with no deadline and nothing received (see `IDLE_SLEEP`).
         let mut idle_naps = 0u32;
         while !self.stop.load(Ordering::Acquire) {
+            // The wait found the wake-up eventfd signalled (or failed): drained at the end
+            // of the round. A signal that comes after the wait leaves it readable, and the
+            // next wait returns at once for it.
+            let mut woken = false;
             // Another shard handed this one datagrams since `skip` was decided (its wake-up
             // may have been drained since): a pass takes them.
             skip &= !self.sharding.waiting.load(Ordering::Acquire)
@@ -2193,7 +2202,13 @@ impl Engine {
             } else {
                 // On a shard, posters hold the lock only to queue their work: wait it out.
                 let mut core = if self.sharding.count > 1 { self.lock_spinning() } else { self.lock() };
-                let received = self.progress(&mut core, false);
+                // While a thread watches the link (blocked on a channel, it receives what
+                // comes itself), this pass runs the timers that woke this thread and leaves
+                // the link to it: a pass that received would take a packet the watcher
+                // woke for, and hand its completion on through the channel, a second
+                // wake-up.
+                let receive = self.app_watching.load(Ordering::SeqCst) == 0;
+                let received = self.progress_receiving(&mut core, false, receive);
                 if received {
                     last_rx = Some(self.now());
                     idle_naps = 0;
@@ -2239,7 +2254,7 @@ impl Engine {
                     self.polled_nap.store(true, Ordering::SeqCst);
                 }
                 if !watched || self.app_watching.load(Ordering::SeqCst) > 0 {
-                    let _ = sys::wait_readable([self.wake.as_raw_fd()], Some(nap));
+                    woken = sys::wait_readable([self.wake.as_raw_fd()], Some(nap)).map_or(true, |[w]| w);
                 }
                 self.napping.store(false, Ordering::SeqCst);
                 // Woken by a watcher that left (an event-mode thread returning with its
@@ -2294,9 +2309,15 @@ impl Engine {
                 let longest = self.idle_longest(idle_naps);
                 let cap = timeout.unwrap_or(longest).min(longest);
                 self.sleeping_until.fetch_min(now + ns(cap), Ordering::AcqRel);
-                let _ = sys::wait_readable_any(&fds, Some(cap));
+                // The eventfd is the last; past the 64 a wait watches, drained every round.
+                let wake_bit =
+                    u32::try_from(fds.len() - 1).ok().and_then(|i| 1u64.checked_shl(i)).unwrap_or(0);
+                woken = sys::wait_readable_any(&fds, Some(cap))
+                    .map_or(true, |m| wake_bit == 0 || m & wake_bit != 0);
             }
-            self.wake.drain();
+            if woken {
+                self.wake.drain();
+            }
         }
     }
 }
