@@ -2206,8 +2206,10 @@ impl Engine {
                 // comes itself), this pass runs the timers that woke this thread and leaves
                 // the link to it: a pass that received would take a packet the watcher
                 // woke for, and hand its completion on through the channel, a second
-                // wake-up.
-                let receive = self.app_watching.load(Ordering::SeqCst) == 0;
+                // wake-up. Not a link with arrivals no descriptor announces (the memory
+                // network's delayed datagrams): no watcher wakes for those.
+                let receive =
+                    self.app_watching.load(Ordering::SeqCst) == 0 || core.link.next_wake().is_some();
                 let received = self.progress_receiving(&mut core, false, receive);
                 if received {
                     last_rx = Some(self.now());

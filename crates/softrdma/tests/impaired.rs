@@ -304,3 +304,90 @@ fn event_mode_receiver_through_an_impaired_network() {
     assert!(events > 0, "the receiver slept on its channel");
     assert!(s.lost > 0 && s.duplicated > 0, "{s}");
 }
+
+/// Both ends in event mode, each thread blocked on its channel between messages, through a
+/// network that delays every datagram: a delayed datagram is announced by no descriptor
+/// until someone collects it when it falls due, so a progress thread woken for it must
+/// collect it although a thread watches the link (which, with real sockets, it leaves to
+/// the watcher).
+#[test]
+fn event_mode_on_both_ends_through_a_delaying_network() {
+    use softrdma::{AhAttr, Qkey};
+    let imp =
+        Impairments { delay: Duration::from_micros(200), ..Impairments::from_percent(0.0, 0.0, 0.0, 0.0) };
+    let net = MemoryNetwork::new(29, imp);
+    const QKEY: Qkey = Qkey(0x2929);
+    let mut ends = Vec::new();
+    for a in ["10.0.0.1:4791", "10.0.0.2:4791"] {
+        let ctx = Context::open_in(&net, addr(a)).unwrap();
+        let ch = ctx.create_channel().unwrap();
+        let pd = ctx.alloc_pd();
+        let rcq = ctx.create_cq(64, Some(&ch)).unwrap();
+        let scq = ctx.create_cq(64, None).unwrap();
+        let qp = pd.prepare_qp(&QpBuilder::ud(QKEY), &scq, &rcq).unwrap().ready().unwrap();
+        let mr = pd.register(4096, ALL).unwrap();
+        for i in 0..16 {
+            qp.post_recv(RecvWr {
+                wr_id: i,
+                sg_list: softrdma::sgl![mr.sge(i as usize * 128, 128).unwrap()],
+            })
+            .unwrap();
+        }
+        ends.push((ctx, ch, rcq, scq, qp, mr, pd));
+    }
+    let dest = |from: usize, to: usize| {
+        let ah = ends[from].6.create_ah(&AhAttr::to_socket(ends[to].0.local_addr())).unwrap();
+        ah.dest(ends[to].4.qpn(), QKEY)
+    };
+    let dests = [dest(0, 1), dest(1, 0)];
+    let n = 100u64;
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for (k, end) in ends.iter().enumerate() {
+            let to = dests[k];
+            s.spawn(move || {
+                let (_, ch, rcq, scq, qp, mr, _) = end;
+                let send = |i: u64| {
+                    let flags = SendFlags { signaled: true, ..Default::default() };
+                    let sg_list = softrdma::sgl![mr.sge(2048, 8).unwrap()];
+                    qp.post_send(SendWr { wr_id: i, op: SendOp::Send, sg_list, flags, ud: Some(to) })
+                        .unwrap();
+                };
+                for i in 0..n {
+                    if k == 0 {
+                        send(i);
+                    }
+                    // The next message, waited for on the channel.
+                    let wc = loop {
+                        rcq.req_notify(false).unwrap();
+                        if let Some(wc) = rcq.poll_one() {
+                            break wc;
+                        }
+                        let cq = ch
+                            .get_event_timeout(Duration::from_secs(5))
+                            .unwrap()
+                            .unwrap_or_else(|| panic!("end {k}: message {i} not received within 5 s"));
+                        ch.ack_events(1);
+                        if let Some(wc) = cq.poll_one() {
+                            break wc;
+                        }
+                    };
+                    assert_eq!(wc.status, WcStatus::Success);
+                    qp.post_recv(RecvWr {
+                        wr_id: wc.wr_id,
+                        sg_list: softrdma::sgl![mr.sge(wc.wr_id as usize * 128, 128).unwrap()],
+                    })
+                    .unwrap();
+                    if k == 1 {
+                        send(i);
+                    }
+                    while let Some(wc) = scq.poll_one() {
+                        assert_eq!(wc.status, WcStatus::Success);
+                    }
+                }
+            });
+        }
+    });
+    let rtt = start.elapsed() / n as u32;
+    eprintln!("{n} round trips through 200 µs of delay each way, both ends in event mode: {rtt:?} each");
+}
