@@ -9,10 +9,10 @@ use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use softrdma::{Access, Rkey, SendOp, SendWr, WcStatus};
+use softrdma::Access;
 
 mod two_sides;
-use two_sides::{pair, signaled, wait};
+use two_sides::{pair, read_8};
 
 /// The lowest free descriptor number: the one the next file any thread opens gets.
 fn lowest_free() -> i32 {
@@ -46,17 +46,7 @@ fn the_devices_threads_open_no_descriptor_while_traffic_flows() {
         let traffic = s.spawn(|| {
             let until = Instant::now() + Duration::from_secs(1);
             while Instant::now() < until {
-                client
-                    .qp
-                    .post_send(SendWr {
-                        wr_id: reads,
-                        op: SendOp::Read { remote_addr: remote.addr, rkey: Rkey(remote.rkey) },
-                        sg_list: softrdma::sgl![client.mr.sge(0, 8).unwrap()],
-                        flags: signaled(),
-                        ud: None,
-                    })
-                    .unwrap();
-                assert_eq!(wait(&client.cq).status, WcStatus::Success);
+                read_8(&client, &remote, reads);
                 reads += 1;
             }
             stop.store(true, Ordering::Relaxed);

@@ -7,10 +7,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use softrdma::{Access, Rkey, SendOp, SendWr, WcStatus};
+use softrdma::Access;
 
 mod two_sides;
-use two_sides::{pair, signaled, wait};
+use two_sides::{pair, read_8};
 
 #[test]
 fn a_crowded_machine_stops_the_progress_threads_spin() {
@@ -19,17 +19,7 @@ fn a_crowded_machine_stops_the_progress_threads_spin() {
     // READs: the client busy-polls each; on the target only its progress thread works.
     let reads = |n: u64| {
         for k in 0..n {
-            client
-                .qp
-                .post_send(SendWr {
-                    wr_id: k,
-                    op: SendOp::Read { remote_addr: remote.addr, rkey: Rkey(remote.rkey) },
-                    sg_list: softrdma::sgl![client.mr.sge(0, 8).unwrap()],
-                    flags: signaled(),
-                    ud: None,
-                })
-                .unwrap();
-            assert_eq!(wait(&client.cq).status, WcStatus::Success);
+            read_8(&client, &remote, k);
         }
     };
     let spins = || target.ctx.io_stats().spins;

@@ -7,7 +7,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use softrdma::{
-    Access, CompletionQueue, ConnectOptions, Context, QpBuilder, QueuePair, SendFlags, WorkCompletion,
+    Access, CompletionQueue, ConnectOptions, Context, QpBuilder, QueuePair, RemoteRegion, Rkey, SendFlags,
+    SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
 pub fn ctx(last: u8) -> Context {
@@ -66,4 +67,19 @@ pub fn pair_of(a: u8, b: u8, builder: &QpBuilder) -> (Side, Side) {
 
 pub fn signaled() -> SendFlags {
     SendFlags { signaled: true, ..Default::default() }
+}
+
+/// One 8-byte READ of `remote` into the start of `side`'s region, busy-polled to its
+/// successful completion: on the target, only its progress thread works.
+pub fn read_8(side: &Side, remote: &RemoteRegion, wr_id: u64) {
+    side.qp
+        .post_send(SendWr {
+            wr_id,
+            op: SendOp::Read { remote_addr: remote.addr, rkey: Rkey(remote.rkey) },
+            sg_list: softrdma::sgl![side.mr.sge(0, 8).unwrap()],
+            flags: signaled(),
+            ud: None,
+        })
+        .unwrap();
+    assert_eq!(wait(&side.cq).status, WcStatus::Success);
 }
