@@ -174,6 +174,43 @@ fn polls_after_an_event_do_not_ask_the_socket_for_nothing() {
     // messages). A wait ended by the channel rather than the socket (its completion
     // delivered by the progress thread) leaves its polls to ask: hence the margin.
     assert!(asked < N / 4, "{asked} receives found nothing over {N} round trips");
+    // Past the quiet polls, a thread that keeps polling drives the link again: a
+    // busy-polled ping-pong's polls ask the socket, and find it empty most times.
+    let before = empty();
+    busy_pingpong(&a, &b, N / 4);
+    let busy = empty() - before;
+    eprintln!("receives that found nothing over {} busy-polled round trips: {busy}", N / 4);
+    assert!(busy >= N / 4, "busy polls asked the socket {busy} times in vain over {} round trips", N / 4);
+}
+
+/// `n` round trips, each end busy-polling its CQs, no channel involved.
+fn busy_pingpong(a: &End, b: &End, n: u64) {
+    let take = |e: &End| {
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(wc) = e.rcq.poll_one() {
+                assert_eq!(wc.status, WcStatus::Success);
+                recv(&e.qp, &e.mr, wc.wr_id);
+                break;
+            }
+            assert!(Instant::now() < until, "no message within 20 s");
+        }
+        while let Some(wc) = e.scq.poll_one() {
+            assert_eq!(wc.status, WcStatus::Success);
+        }
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..n {
+                take(b);
+                b.send(i);
+            }
+        });
+        for i in 0..n {
+            a.send(i);
+            take(a);
+        }
+    });
 }
 
 #[test]
@@ -194,6 +231,24 @@ fn a_waiting_thread_takes_its_messages_itself() {
     // 2-46 since). A message that comes while the thread is away between two waits is the
     // progress thread's to take: hence the margin.
     assert!(handed < N / 25, "{handed} of {N} round trips' events were handed over");
+    // A thread that waits passively (on the channel alone) gets every event handed over.
+    let before = b.ch.fd_signals();
+    for round in 0..3 {
+        while b.ch.try_get_event().is_some() {
+            b.ch.ack_events(1);
+        }
+        b.rcq.req_notify(false).unwrap();
+        a.send(N + round);
+        let cq = b.ch.get_event_passive(Duration::from_secs(20)).unwrap().expect("a message within 20 s");
+        b.ch.ack_events(1);
+        let wc = cq.poll_one().expect("the message's completion");
+        assert_eq!(wc.status, WcStatus::Success);
+        recv(&b.qp, &b.mr, wc.wr_id);
+        while let Some(wc) = a.scq.poll_one() {
+            assert_eq!(wc.status, WcStatus::Success);
+        }
+    }
+    assert_eq!(b.ch.fd_signals() - before, 3, "each passive wait's event came through the descriptor");
 }
 
 /// After an event-mode ping-pong the waiting thread of `b` goes away for good: at once

@@ -17,7 +17,7 @@ use softrdma::{
 static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 mod threads;
-use threads::{open_with_thread, sleeps};
+use threads::{cpu_ticks, open_with_thread, sleeps};
 
 /// Waits until the progress thread `tid` naps long: a 200 ms window in which it slept at
 /// most once (up to 10 s; a loaded machine makes its naps of 20 ms slow to add up).
@@ -67,10 +67,20 @@ fn an_idle_device_wakes_about_once_a_second_and_a_timer_armed_meanwhile_still_fi
     // second at a time.
     settle_idle(progress);
     let before = sleeps(progress);
+    let cpu_before = cpu_ticks(progress);
     std::thread::sleep(Duration::from_secs(2));
     let idle = sleeps(progress) - before;
-    eprintln!("the idle device's progress thread slept {idle} times in 2 s");
+    let cpu = cpu_ticks(progress) - cpu_before;
+    eprintln!("the idle device's progress thread slept {idle} times in 2 s, using {cpu} clock ticks");
     assert!(idle <= 6, "an idle device's progress thread woke {idle} times in 2 s (100 at 20 ms naps)");
+    // Nor does it stay awake: a thread that loops without sleeping (a wake-up signal it
+    // never clears, say) wakes no more often, but uses a whole core.
+    // SAFETY: sysconf only reads system configuration.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
+    assert!(
+        cpu * 10 < 2 * hz,
+        "an idle device's progress thread used {cpu} ticks of CPU in 2 s ({hz} a second)"
+    );
 
     // The peer goes away; a SEND to it arms a retransmission timer while the progress
     // thread sleeps its second. No thread of the program polls: only the progress

@@ -23,6 +23,15 @@ pub fn sleeps(tid: u32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
+/// The CPU time one of this process's threads has used, in clock ticks (user and system).
+pub fn cpu_ticks(tid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+    // After the command name's closing parenthesis: state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
 /// Opens a device with `open` (which must make one shard), and finds its progress
 /// thread: the thread its opening started (which names itself once it runs).
 pub fn open_with_thread(open: impl FnOnce() -> Context) -> (Context, u32) {
