@@ -175,12 +175,13 @@ fn polls_after_an_event_do_not_ask_the_socket_for_nothing() {
     // delivered by the progress thread) leaves its polls to ask: hence the margin.
     assert!(asked < N / 4, "{asked} receives found nothing over {N} round trips");
     // Past the quiet polls, a thread that keeps polling drives the link again: a
-    // busy-polled ping-pong's polls ask the socket, and find it empty most times.
+    // busy-polled ping-pong's polls ask the socket, and find it empty most times (about
+    // 27 times a round trip here, where a message is received once each way).
     let before = empty();
     busy_pingpong(&a, &b, N / 4);
     let busy = empty() - before;
     eprintln!("receives that found nothing over {} busy-polled round trips: {busy}", N / 4);
-    assert!(busy >= N / 4, "busy polls asked the socket {busy} times in vain over {} round trips", N / 4);
+    assert!(busy >= N, "busy polls asked the socket {busy} times in vain over {} round trips", N / 4);
 }
 
 /// `n` round trips, each end busy-polling its CQs, no channel involved.

@@ -107,6 +107,16 @@ fn an_idle_device_wakes_about_once_a_second_and_a_timer_armed_meanwhile_still_fi
     // Two timeouts of 4 ms, backed off; a progress thread that slept on through them
     // would take its second.
     assert!(took < Duration::from_millis(300), "the retransmission timer waited {took:?}");
+
+    // The post's wake-up and the timer spent, the device is idle again, and its thread
+    // sleeps again: one that kept an old wake-up signal uncleared would loop on it.
+    let cpu_before = cpu_ticks(progress);
+    std::thread::sleep(Duration::from_secs(1));
+    let cpu = cpu_ticks(progress) - cpu_before;
+    assert!(
+        cpu * 10 < hz,
+        "the progress thread used {cpu} ticks of CPU in its next idle second ({hz} a second)"
+    );
 }
 
 #[test]
