@@ -576,8 +576,10 @@ impl CompletionChannel {
                 return Ok(None);
             }
             // A sharded device's arrivals come on several sockets: its progress threads
-            // take them.
-            if passive || self.ctx.shards.len() > 1 {
+            // take them. So do they for a link with more descriptors than a wait below
+            // watches (none has today): a watcher leaves the link to no one else.
+            let link = self.ctx.engine.link_fds();
+            if passive || self.ctx.shards.len() > 1 || link.len() > 7 {
                 for e in &self.ctx.shards {
                     e.app_blocking();
                 }
@@ -587,10 +589,9 @@ impl CompletionChannel {
             // Wait on the device socket too: when a packet arrives, this thread processes it
             // itself, which saves the hop through the progress thread on the way to the
             // event; the progress thread stays off the link meanwhile.
-            let link = self.ctx.engine.link_fds();
             let mut fds = [-1; 8];
             fds[0] = self.shared.efd.as_raw_fd();
-            let n = 1 + link.len().min(7);
+            let n = 1 + link.len();
             fds[1..n].copy_from_slice(&link[..n - 1]);
             let mut watching = self.ctx.engine.app_watch_begin();
             let ready = sys::wait_readable_any(&fds[..n], Some(left))?;
