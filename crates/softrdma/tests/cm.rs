@@ -147,6 +147,8 @@ fn connect_send_both_ways_write_read_and_disconnect() {
     assert_eq!(&back, b"written");
 
     client.disconnect().unwrap();
+    // At once, as rdma_disconnect does, not when the peer's DREP comes back.
+    assert_eq!(cside.qp.state(), QpState::Error, "rdma_disconnect moves the QP to ERR");
     event(&cch, CmEventKind::Disconnected);
     event(&sch, CmEventKind::Disconnected);
     assert_eq!(cside.qp.state(), QpState::Error, "rdma_disconnect moves the QP to ERR");
