@@ -578,8 +578,10 @@ impl CompletionChannel {
             // A sharded device's arrivals come on several sockets: its progress threads
             // take them. So do they for a link with more descriptors than a wait below
             // watches (none has today): a watcher leaves the link to no one else.
+            // The channel's descriptor and the link's, in one wait.
+            const WAIT_FDS: usize = 8;
             let link = self.ctx.engine.link_fds();
-            if passive || self.ctx.shards.len() > 1 || link.len() > 7 {
+            if passive || self.ctx.shards.len() > 1 || link.len() >= WAIT_FDS {
                 for e in &self.ctx.shards {
                     e.app_blocking();
                 }
@@ -589,10 +591,10 @@ impl CompletionChannel {
             // Wait on the device socket too: when a packet arrives, this thread processes it
             // itself, which saves the hop through the progress thread on the way to the
             // event; the progress thread stays off the link meanwhile.
-            let mut fds = [-1; 8];
+            let mut fds = [-1; WAIT_FDS];
             fds[0] = self.shared.efd.as_raw_fd();
             let n = 1 + link.len();
-            fds[1..n].copy_from_slice(&link[..n - 1]);
+            fds[1..n].copy_from_slice(link);
             let mut watching = self.ctx.engine.app_watch_begin();
             let ready = sys::wait_readable_any(&fds[..n], Some(left))?;
             if ready & !1 != 0 {

@@ -1739,16 +1739,14 @@ impl Engine {
     pub(crate) fn try_progress_quiet(&self) -> bool {
         let Ok(mut core) = self.core.try_lock() else { return false };
         let received = self.progress(&mut core, false);
-        {
-            // A timer the pass armed (a delayed ACK) is the progress thread's to run: lower
-            // its wake-up, and wake it unless it naps a lean hand-back's short step, which
-            // ends soon enough (`napping_long` speaks of the nap under way only).
-            let short_nap = self.napping.load(Ordering::SeqCst) && !self.napping_long.load(Ordering::SeqCst);
-            let wake = self.nudge_later(&mut core) && !short_nap;
-            drop(core);
-            if wake {
-                self.wake.signal();
-            }
+        // A timer the pass armed (a delayed ACK) is the progress thread's to run: lower its
+        // wake-up, and wake it unless it naps a lean hand-back's short step, which ends
+        // soon enough (`napping_long` speaks of the nap under way only).
+        let short_nap = self.napping.load(Ordering::SeqCst) && !self.napping_long.load(Ordering::SeqCst);
+        let wake = self.nudge_later(&mut core) && !short_nap;
+        drop(core);
+        if wake {
+            self.wake.signal();
         }
         received
     }
@@ -1773,7 +1771,9 @@ impl Engine {
             }
         }
         let mut strays: Vec<(Arrival, Vec<u8>)> = Vec::new();
-        for _ in 0..if receive { 8 } else { 0 } {
+        // Receive calls: up to 8, each after one that filled its batch; none unless `receive`.
+        let rounds = if receive { 8 } else { 0 };
+        for _ in 0..rounds {
             let Core { endpoint, mem, link, capture, .. } = &mut *core;
             let mut cap = capture.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()));
             let got = link.recv(&mut |meta, bytes| {
@@ -2060,11 +2060,7 @@ impl Engine {
         // The protocol's next deadline, or the link's (the in-memory network's delayed
         // datagrams, which a send may have just queued).
         let link = core.link.next_wake().map(|d| self.now() + d);
-        let deadline = match (core.endpoint.poll_timeout(), link) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let Some(deadline) = deadline else { return false };
+        let Some(deadline) = core.endpoint.poll_timeout().into_iter().chain(link).min() else { return false };
         // Lowered first: a progress thread that wakes and finds the link watched plans its
         // next nap from it without a pass (see `run`).
         ns(deadline) < self.sleeping_until.fetch_min(ns(deadline), Ordering::AcqRel)
@@ -2175,6 +2171,9 @@ impl Engine {
     pub(crate) fn run(self: Arc<Self>) {
         let mut fds = self.link_fds.clone();
         fds.push(self.wake.as_raw_fd());
+        // The eventfd's bit in what a wait on `fds` finds readable; none past the 64 a wait
+        // watches (then drained every round).
+        let wake_bit = u32::try_from(fds.len() - 1).ok().and_then(|i| 1u64.checked_shl(i)).unwrap_or(0);
         // The last pass found no link wake-up to plan for (the memory network's delayed
         // datagrams), and this wake-up needs no pass (see below).
         let mut link_quiet = false;
@@ -2221,10 +2220,7 @@ impl Engine {
                 let link_wake = core.link.next_wake();
                 link_quiet = link_wake.is_none();
                 let proto = next.map(|t| t.saturating_sub(self.now()));
-                match (proto, link_wake) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                }
+                proto.into_iter().chain(link_wake).min()
             };
             skip = false;
             self.deliver_cm();
@@ -2311,9 +2307,6 @@ impl Engine {
                 let longest = self.idle_longest(idle_naps);
                 let cap = timeout.unwrap_or(longest).min(longest);
                 self.sleeping_until.fetch_min(now + ns(cap), Ordering::AcqRel);
-                // The eventfd is the last; past the 64 a wait watches, drained every round.
-                let wake_bit =
-                    u32::try_from(fds.len() - 1).ok().and_then(|i| 1u64.checked_shl(i)).unwrap_or(0);
                 woken = sys::wait_readable_any(&fds, Some(cap))
                     .map_or(true, |m| wake_bit == 0 || m & wake_bit != 0);
             }
