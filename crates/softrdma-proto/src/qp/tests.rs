@@ -251,6 +251,42 @@ fn a_filled_packet_is_the_same_bytes_whether_its_filler_goes_in_the_buffer_or_th
 }
 
 #[test]
+fn a_message_asks_for_an_ack_when_signaled_or_last_queued_or_every_32_packets() {
+    // Ten unsignaled one-packet SENDs, then a signaled one, then two unsignaled: the
+    // unsignaled ones with others queued behind ask for nothing (a stream's ACKs halve),
+    // the signaled one and the last queued do; and never more than 32 packets go without.
+    let mut t = T::new(QpType::Rc);
+    let post = |t: &mut T, wr_id: u64, signaled: bool| {
+        let wr = SendWr {
+            wr_id,
+            op: SendOp::Send,
+            sg_list: crate::sgl![Sge { addr: BASE, length: 8, lkey: t.lkey }],
+            flags: SendFlags { signaled, ..SendFlags::default() },
+            ud: None,
+        };
+        t.qp.post_send(wr, &t.mem).unwrap();
+    };
+    for i in 0..10 {
+        post(&mut t, i, false);
+    }
+    post(&mut t, 10, true);
+    post(&mut t, 11, false);
+    post(&mut t, 12, false);
+    let asked: Vec<u64> = t.out().iter().filter(|o| o.ack_req).map(|o| u64::from(o.psn - SQ)).collect();
+    assert_eq!(asked, vec![10, 12]);
+    // The ACK of the last completes the signaled SEND and frees every slot.
+    t.ack(SQ + 12, AethSyndrome::ACK);
+    assert_eq!(t.sends().iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![10]);
+    // A long run of unsignaled packets with more queued: every 32nd asks.
+    for i in 0..70 {
+        post(&mut t, 100 + i, false);
+    }
+    let out = t.out();
+    let asked: Vec<u32> = out.iter().filter(|o| o.ack_req).map(|o| o.psn - SQ - 13).collect();
+    assert_eq!(asked, vec![31, 63, 69]);
+}
+
+#[test]
 fn a_send_is_cut_at_the_mtu_and_completes_on_the_ack_of_its_last_psn() {
     let mut t = T::new(QpType::Rc);
     t.post(1, SendOp::Send, 0, 2500);
