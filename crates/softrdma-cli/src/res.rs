@@ -88,7 +88,7 @@ fn print_process(p: &Value) {
     let empty = Vec::new();
     for d in p["devices"].as_array().unwrap_or(&empty) {
         println!(
-            "pid {} {} dev {} {}: received {} icrc-errors {} malformed {} unknown-qp {} pkey {} bundles {}",
+            "pid {} {} dev {} {}: received {} icrc-errors {} malformed {} unknown-qp {} pkey {} bundles {} sent {} in {} sendmmsg {} trains, {} recvmmsg",
             p["pid"],
             p["comm"].as_str().unwrap_or("?"),
             d["name"].as_str().unwrap_or("?"),
@@ -99,6 +99,10 @@ fn print_process(p: &Value) {
             d["unknown_qp"],
             d["pkey_violations"],
             d["bundles"],
+            d["packets_sent"],
+            d["send_calls"],
+            d["gso_trains"],
+            d["recv_calls"],
         );
         for q in d["qps"].as_array().unwrap_or(&empty) {
             println!(

@@ -62,6 +62,9 @@ fn res_shows_the_qps_of_two_running_perf_processes() {
             .any(|c| c["id"].as_u64() == Some(cq) && c["size"].as_u64() > Some(0)),
         "{dev}"
     );
+    // The device's system calls: a stream under way has sent, a packet or more per call.
+    let (calls, sent) = (dev["send_calls"].as_u64().unwrap(), dev["packets_sent"].as_u64().unwrap());
+    assert!(calls > 0 && sent >= calls && dev["recv_calls"].as_u64() > Some(0), "{dev}");
     // The table names them too.
     let table = common::text(&output(&mut softrdma(["res"]), Duration::from_secs(20)));
     assert!(table.contains(&format!("qp {:#08x} RC RTS", a.0)), "{table}");

@@ -1252,6 +1252,10 @@ impl Engine {
             unknown_qp: e.unknown_qp,
             pkey_violations: e.pkey_violations,
             bundles: e.bundles,
+            send_calls: self.io.send_calls.load(Ordering::Relaxed),
+            packets_sent: self.io.packets_sent.load(Ordering::Relaxed),
+            gso_trains: self.io.gso_trains.load(Ordering::Relaxed),
+            recv_calls: self.io.recv_calls.load(Ordering::Relaxed),
         }
     }
 
