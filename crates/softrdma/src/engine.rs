@@ -542,6 +542,10 @@ pub(crate) struct Engine {
     /// next pass, or the progress thread's check when the nap ends, will send what posts
     /// leave behind. Only then may a post leave its packets for later.
     polled_nap: AtomicBool,
+    /// The progress thread spins on the link (traffic flows and no application thread
+    /// polls): it takes the engine lock for a pass as soon as a burst of posts ends (see
+    /// [`Engine::post_send`]), so a burst's posts may wait for company then too.
+    spinning: AtomicBool,
     /// The progress thread is napping off the link.
     napping: AtomicBool,
     /// The progress thread sleeps an idle device's long sleep ([`IDLE_SLEEP`]).
@@ -764,6 +768,7 @@ impl Engine {
             last_post: AtomicU64::new(0),
             deferred: AtomicU32::new(0),
             polled_nap: AtomicBool::new(false),
+            spinning: AtomicBool::new(false),
             napping: AtomicBool::new(false),
             idle_sleep: AtomicBool::new(false),
             app_watching: AtomicU64::new(0),
@@ -1044,17 +1049,24 @@ impl Engine {
             }
         }
         let last_app = self.last_app_seen();
+        // Beside a spinning progress thread (a program that posts in long runs and polls
+        // only between them, perftest's send loop, whose polls alone never make it a
+        // busy poller) the burst leaves when the spin sees it end.
+        let spinner = self.spinning.load(Ordering::SeqCst);
         let burst = start.saturating_sub(self.last_post.load(Ordering::Relaxed)) < ns(POST_BURST)
-            && last_app != NEVER
-            && start.saturating_sub(last_app) < ns(POLLER_GONE)
-            && self.polled_nap.load(Ordering::SeqCst);
+            && (spinner
+                || last_app != NEVER
+                    && start.saturating_sub(last_app) < ns(POLLER_GONE)
+                    && self.polled_nap.load(Ordering::SeqCst));
         let held = (self.deferred.load(Ordering::Relaxed) as usize).saturating_add(n);
         // A thread that polled and is about to block clears its stamps, then looks for
         // packets left behind; this looks at the stamps again after leaving them (all
         // SeqCst), so one of the two sees the other and sends them.
+        // (The spinner stops spinning, then takes this lock for its pass: if it was
+        // spinning when read above, under the lock, that pass comes after and sends them.)
         let deferred = burst && short && failed.is_none() && held < DEFER_MAX as usize && {
             self.deferred.store(held as u32, Ordering::SeqCst);
-            self.last_app_seen() != NEVER
+            spinner || self.last_app_seen() != NEVER
         };
         if deferred {
             drop(core);
@@ -2293,14 +2305,27 @@ impl Engine {
                 self.sleeping_until.store(0, Ordering::Release);
                 self.io.spins.fetch_add(1, Ordering::Relaxed);
                 let end = timeout.map_or(t + SPIN_AFTER_RX, |d| (self.now() + d).min(t + SPIN_AFTER_RX));
-                while !self.stop.load(Ordering::Relaxed)
-                    && self.now() < end
-                    && !self.sharding.waiting.load(Ordering::Relaxed)
-                    && !self.sharding.flush_wanted.load(Ordering::Relaxed)
-                    && sys::wait_readable_any(&self.link_fds, Some(Duration::ZERO)).unwrap_or(1) == 0
-                {
+                self.spinning.store(true, Ordering::SeqCst);
+                // A burst of posts that waits for company ends when no post came for
+                // POST_BURST: the pass after the spin sends it.
+                let burst_over = |now: Duration| {
+                    self.deferred.load(Ordering::Relaxed) > 0
+                        && ns(now).saturating_sub(self.last_post.load(Ordering::Relaxed)) >= ns(POST_BURST)
+                };
+                loop {
+                    let now = self.now();
+                    if self.stop.load(Ordering::Relaxed)
+                        || now >= end
+                        || burst_over(now)
+                        || self.sharding.waiting.load(Ordering::Relaxed)
+                        || self.sharding.flush_wanted.load(Ordering::Relaxed)
+                        || sys::wait_readable_any(&self.link_fds, Some(Duration::ZERO)).unwrap_or(1) != 0
+                    {
+                        break;
+                    }
                     std::hint::spin_loop();
                 }
+                self.spinning.store(false, Ordering::SeqCst);
                 continue;
             } else {
                 last_rx = None;
