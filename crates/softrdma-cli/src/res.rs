@@ -88,7 +88,7 @@ fn print_process(p: &Value) {
     let empty = Vec::new();
     for d in p["devices"].as_array().unwrap_or(&empty) {
         println!(
-            "pid {} {} dev {} {}: received {} icrc-errors {} malformed {} unknown-qp {} pkey {} bundles {} sent {} in {} sendmmsg {} trains, {} recvmmsg",
+            "pid {} {} dev {} {}: received {} icrc-errors {} malformed {} unknown-qp {} pkey {} bundles {} sent {} in {} send calls ({} trains), {} receive calls",
             p["pid"],
             p["comm"].as_str().unwrap_or("?"),
             d["name"].as_str().unwrap_or("?"),

@@ -311,7 +311,8 @@ struct Route {
 /// Socket-level counters of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct IoStats {
-    /// `sendmmsg` calls.
+    /// Send calls to the link: a `sendmmsg` each, or one per source port in the batch
+    /// when QPs send from ports of their own (see `Context::open_source_ports`).
     pub send_calls: u64,
     /// Packets handed to the kernel.
     pub packets_sent: u64,

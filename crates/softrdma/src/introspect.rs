@@ -56,8 +56,10 @@ pub(crate) struct DeviceRes {
     pub(crate) pkey_violations: u64,
     /// Datagrams that carried a request and its ACK (`softrdma_proto::wire::bundle`).
     pub(crate) bundles: u64,
-    /// `sendmmsg` and `recvmmsg` calls and what they moved (`IoStats`): packets per call
-    /// and per GSO train say whether a program's posts leave in batches.
+    /// The link's send calls (a `sendmmsg` each, or one per source port when QPs send
+    /// from ports of their own), the packets they carried and the GSO trains among them,
+    /// and the receive calls that returned datagrams (`IoStats`): packets per call say
+    /// whether a program's posts leave in batches.
     pub(crate) send_calls: u64,
     pub(crate) packets_sent: u64,
     pub(crate) gso_trains: u64,

@@ -467,9 +467,10 @@ fn a_burst_beside_a_spinning_progress_thread_is_always_sent() {
             let sg_list = softrdma::sgl![a.mr.sge(64, 8).unwrap()];
             a.qp.post_send(SendWr { wr_id: k, op: SendOp::Send, sg_list, flags, ud: None }).unwrap();
         }
-        let mut got: Vec<u64> = (0..=n).map(|_| wait(&b.cq).wr_id).collect();
-        got.sort();
-        assert_eq!(got, (0..n).chain([100]).collect::<Vec<_>>(), "b's SEND's completion and the 32 received");
+        // b's CQ: its SEND's completion, somewhere, and the 32 receives in order.
+        let got: Vec<u64> = (0..=n).map(|_| wait(&b.cq).wr_id).collect();
+        assert_eq!(got.iter().filter(|&&w| w == 100).count(), 1, "{got:?}");
+        assert_eq!(got.into_iter().filter(|&w| w != 100).collect::<Vec<_>>(), (0..n).collect::<Vec<_>>());
         tries.push(a.ctx.io_stats().send_calls - before);
     }
     // a's completions, polled only now: each try's RECV of b's SEND, and its burst's last.
@@ -482,5 +483,4 @@ fn a_burst_beside_a_spinning_progress_thread_is_always_sent() {
         "send calls for {n} posts beside a spinning progress thread: {tries:?}; {:?}",
         a.ctx.io_stats()
     );
-    assert!(a.ctx.io_stats().spins > 0, "a's progress thread never spun");
 }

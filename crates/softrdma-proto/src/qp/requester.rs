@@ -758,10 +758,15 @@ impl QueuePair {
         let mut repr = repr;
         if rc {
             // The last packet of a message asks for an ACK when the message wants its
-            // completion, or when nothing is queued behind it; a stream's unsignaled
-            // messages leave that to every 32nd packet and to the window, which halves
-            // its ACKs (`perf write_bw`: one per 16 packets before, at 64 KiB).
-            repr.bth.ack_req = (last && (self.sq[i].signaled || i + 1 == self.sq.len()))
+            // completion, or unless the next WR will follow it at once: one queued behind
+            // it that is a SEND or WRITE without a fence, in RTS (a READ or atomic may wait
+            // for the ones outstanding, a fenced WR for their answers, and in SQD no new WR
+            // starts: the tail would wait for the ACK timer). A stream's unsignaled
+            // messages leave it to every 32nd packet and to the window, which halves its
+            // ACKs (`perf write_bw`: one per 16 packets before, at 64 KiB).
+            let streams_on = self.state == QpState::Rts
+                && self.sq.get(i + 1).is_some_and(|n| !n.fence && !n.op.is_read_or_atomic());
+            repr.bth.ack_req = (last && (self.sq[i].signaled || !streams_on))
                 || self.req.ack_every
                 || self.req.since_ack_req + 1 >= ACK_REQ_EVERY
                 || used + 1 >= self.req.cwnd.min(MAX_INFLIGHT_PSNS);

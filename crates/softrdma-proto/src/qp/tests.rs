@@ -251,7 +251,7 @@ fn a_filled_packet_is_the_same_bytes_whether_its_filler_goes_in_the_buffer_or_th
 }
 
 #[test]
-fn a_message_asks_for_an_ack_when_signaled_or_last_queued_or_every_32_packets() {
+fn a_message_asks_for_an_ack_when_signaled_or_not_followed_at_once_and_every_32_packets() {
     // Ten unsignaled one-packet SENDs, then a signaled one, then two unsignaled: the
     // unsignaled ones with others queued behind ask for nothing (a stream's ACKs halve),
     // the signaled one and the last queued do; and never more than 32 packets go without.
@@ -284,6 +284,27 @@ fn a_message_asks_for_an_ack_when_signaled_or_last_queued_or_every_32_packets() 
     let out = t.out();
     let asked: Vec<u32> = out.iter().filter(|o| o.ack_req).map(|o| o.psn - SQ - 13).collect();
     assert_eq!(asked, vec![31, 63, 69]);
+    t.ack(SQ + 82, AethSyndrome::ACK);
+    // An unsignaled SEND followed by a WR that may not follow at once asks: a READ (which
+    // may wait for the READs outstanding), a fenced SEND (which waits for their answers).
+    let psn = SQ + 83;
+    post(&mut t, 200, false);
+    t.post(201, SendOp::Read { remote_addr: 0, rkey: Rkey(9) }, 0, 8);
+    let out = t.out();
+    assert_eq!(out.iter().map(|o| (o.psn - psn, o.ack_req)).collect::<Vec<_>>(), vec![(0, true), (1, true)]);
+    t.ack(psn, AethSyndrome::ACK);
+    let wr = SendWr {
+        wr_id: 202,
+        op: SendOp::Send,
+        sg_list: crate::sgl![Sge { addr: BASE, length: 8, lkey: t.lkey }],
+        flags: SendFlags { fence: true, ..SendFlags::default() },
+        ud: None,
+    };
+    post(&mut t, 203, false);
+    t.qp.post_send(wr, &t.mem).unwrap();
+    // The READ is still outstanding: the unsignaled SEND goes, asking; the fenced one waits.
+    let out = t.out();
+    assert_eq!(out.iter().map(|o| (o.psn - psn, o.ack_req)).collect::<Vec<_>>(), vec![(2, true)]);
 }
 
 #[test]
