@@ -31,9 +31,9 @@ pt() {
   timeout 30 "$SR" exec --bind 127.0.0.2 -- "$name" -p "$port" "$@" >/dev/null 2>&1 &
   sleep 0.5
   timeout 30 "$SR" exec --bind 127.0.0.3 -- "$name" -p "$port" "$@" 127.0.0.2 >"$OUT/pt.txt" 2>&1 &
-  # Halfway through a timed run, the client's packets per send call (a sharded device's first
-  # shard's; whether its one-WR
-  # posts leave in batches: see the README's "A doorbell that waits for company").
+  # Halfway through a timed run, the client's packets per send call (a sharded device's
+  # first shard's): whether its one-WR posts leave in batches (see the README's "A doorbell
+  # that waits for company").
   local calls=""
   if [[ " $* " == *" -D "* ]]; then
     sleep 1.5
