@@ -37,7 +37,7 @@ pt() {
   local calls=""
   if [[ " $* " == *" -D "* ]]; then
     sleep 1.5
-    calls=$("$SR" res 2>/dev/null | grep -o "127.0.0.3:[0-9]*: .*sent [0-9]* in [0-9]* send calls" |
+    calls=$(timeout 10 "$SR" res 2>/dev/null | grep -o "127.0.0.3:[0-9]*: .*sent [0-9]* in [0-9]* send calls" |
       sed 's/.*sent \([0-9]*\) in \([0-9]*\) send calls/ [\1 packets in \2 send calls]/' | head -1)
   fi
   wait

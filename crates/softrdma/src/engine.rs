@@ -1253,6 +1253,7 @@ impl Engine {
         }
         cqs.sort_by_key(|c| c.id);
         let e = core.endpoint.stats();
+        let io = self.io_stats();
         crate::introspect::DeviceRes {
             cqs,
             name: name.to_string(),
@@ -1265,10 +1266,10 @@ impl Engine {
             unknown_qp: e.unknown_qp,
             pkey_violations: e.pkey_violations,
             bundles: e.bundles,
-            send_calls: self.io.send_calls.load(Ordering::Relaxed),
-            packets_sent: self.io.packets_sent.load(Ordering::Relaxed),
-            gso_trains: self.io.gso_trains.load(Ordering::Relaxed),
-            recv_calls: self.io.recv_calls.load(Ordering::Relaxed),
+            send_calls: io.send_calls,
+            packets_sent: io.packets_sent,
+            gso_trains: io.gso_trains,
+            recv_calls: io.recv_calls,
         }
     }
 
