@@ -1199,6 +1199,18 @@ impl QueuePair {
     /// pass (a timeout resends anyway, and counts).
     fn requester_probe(&mut self, now: Duration) {
         if self.req.probe_at.is_some_and(|t| now >= t) {
+            // The wait counts from the last request sent, as RFC 8985's tail-loss probe and
+            // QUIC's PTO count it, and is judged as the probe would be sent now: the timer
+            // was armed when the first packet after the last progress went, and a burst
+            // that took longer to post and send than a probe timeout (perftest's 100 WRs
+            // at a time, the first ones a few packets in flight, which a SACK peer's
+            // timeout is shortest for) would draw a probe before its last packet could be
+            // answered, and a probe resends the whole burst.
+            let due = self.req.last_request.zip(self.pto(now)).map(|(sent, wait)| sent + wait);
+            if let Some(due) = due.filter(|&d| d > now) {
+                self.req.probe_at = Some(due);
+                return;
+            }
             // A probe (see `pto`): nothing acknowledged for a probe timeout, so the tail of
             // what was sent, or its ACK, was probably lost: go back and resend, asking for
             // an ACK with every packet, without spending a retry. Not while an RNR NAK
@@ -1214,6 +1226,9 @@ impl QueuePair {
                     inflight = self.req.inflight(),
                     since_progress = ?self.req.last_progress.map(|t| now.saturating_sub(t)),
                     probes = self.req.probes,
+                    since_request = ?self.req.last_request.map(|t| now.saturating_sub(t)),
+                    pto = ?self.pto(now),
+                    sack_peer = self.req.sack_peer,
                     "probe: nothing acknowledged for a probe timeout"
                 );
                 self.stats.probes += 1;

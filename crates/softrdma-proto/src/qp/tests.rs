@@ -1122,6 +1122,58 @@ fn a_go_back_n_probe_waits_two_round_trips_even_when_they_hardly_vary() {
 }
 
 #[test]
+fn a_probe_waits_its_timeout_after_the_last_request_and_for_what_it_would_resend() {
+    // The probe timer is armed when the first packet after progress goes. Towards a peer
+    // that sends SACKs, with that one packet in flight, the wait is the shortest (a probe
+    // that resends a packet or two costs little). A burst still being sent when that
+    // wait runs out draws no probe: the wait counts from the last request sent, and is
+    // that of a probe that would resend the whole burst.
+    let mut t = T::new(QpType::Rc);
+    let rtt = Duration::from_micros(100);
+    for k in 0..12 {
+        t.post(k, SendOp::Send, 0, 8);
+        assert_eq!(t.out().len(), 1);
+        t.now += rtt;
+        t.ack(SQ + k as u32, AethSyndrome::ACK);
+        t.sends();
+    }
+    // A SACK peer from now on.
+    t.post(12, SendOp::Send, 0, 8);
+    t.out();
+    t.now += rtt;
+    sack(&mut t, SQ + 13, 0);
+    assert_eq!(t.sends().len(), 1, "the SACK acknowledges the SEND");
+    // The burst: one packet, then 20 more before its first wait is over.
+    t.post(20, SendOp::Send, 0, 8);
+    assert_eq!(t.out().len(), 1);
+    let first = t.qp.poll_timeout().expect("a probe");
+    t.now += (first - t.now) / 2;
+    for k in 21..41 {
+        t.post(k, SendOp::Send, 0, 8);
+    }
+    assert_eq!(t.out().len(), 20);
+    let last_sent = t.now;
+    t.now = first;
+    t.qp.handle_timeout(t.now);
+    assert!(t.out().is_empty(), "no probe while the burst's last packet is younger than a probe timeout");
+    assert_eq!(t.qp.stats().probes, 0);
+    let next = t.qp.poll_timeout().expect("a probe");
+    assert!(
+        next >= last_sent + rtt,
+        "a probe timeout (a round trip and more) after the last request: {next:?}"
+    );
+    t.now = next;
+    t.qp.handle_timeout(t.now);
+    assert_eq!(t.qp.stats().probes, 1);
+    let out = t.out();
+    assert_eq!(
+        out.first().map(|o| o.psn),
+        Some(SQ + 13),
+        "the probe resends from the first unacknowledged PSN"
+    );
+}
+
+#[test]
 fn the_endpoint_takes_ready_qps_in_turn() {
     // Packets of two QPs, none of them waiting for an ACK: one of each in turn, so that a
     // busy QP never starves another.
