@@ -244,6 +244,7 @@ impl CompletionQueue {
         }
         let n = self.shared.pop_into(out);
         if n > 0 {
+            timeline!(Polled, n);
             self.each_engine(Engine::polled_full);
         }
         if n > 0 || out.is_empty() {
@@ -254,6 +255,7 @@ impl CompletionQueue {
         });
         let n = self.shared.pop_into(out);
         if n > 0 {
+            timeline!(Polled, n);
             stage!(Polled);
         }
         n

@@ -1016,6 +1016,7 @@ impl Engine {
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> std::result::Result<usize, (usize, Error)> {
         stage!(PostEntered);
+        timeline!(Post, 0);
         let started = self.now();
         let start = ns(started);
         let mut core = if self.sharding.count > 1 { self.lock_spinning() } else { self.lock() };
@@ -1089,6 +1090,7 @@ impl Engine {
         // at most: its start stands for its return, a clock read saved on every post of a
         // burst but its last. One that sent returns microseconds later, for a train.
         let returned = if deferred { start } else { ns(self.now()) };
+        timeline!(PostEnd, n);
         self.last_post.store(returned, Ordering::Relaxed);
         match failed {
             None => Ok(n),
@@ -1098,6 +1100,7 @@ impl Engine {
 
     /// Posts a receive WR.
     pub(crate) fn post_recv(&self, qpn: Qpn, wr: RecvWr) -> Result<()> {
+        timeline!(PostRecv, 0);
         let mut core = self.lock();
         let qp = core.endpoint.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         qp.post_recv(wr)?;
@@ -1830,6 +1833,7 @@ impl Engine {
                 self.io.empty_recvs.fetch_add(1, Ordering::Relaxed);
             }
             if got.datagrams > 0 {
+                timeline!(Recv, got.packets);
                 stage!(RecvDone);
                 received = true;
                 // Written through at once: a process may end without dropping the capture.
@@ -1995,7 +1999,9 @@ impl Engine {
             let trains = msgs.iter().filter(|m| m.gso.is_some()).count() as u64;
             // SAFETY: every iovec points into `slots` or into a registered region resolved
             // under the engine lock we hold, which keeps both alive through the call.
+            timeline!(Send, msgs.len());
             let sent = unsafe { link.send(msgs) };
+            timeline!(SendEnd, 0);
             if sent.gso_refused {
                 link.disable_gso();
             }

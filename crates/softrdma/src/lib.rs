@@ -38,6 +38,15 @@ macro_rules! stage {
     };
 }
 
+/// Records an event of the process's timeline ([`timeline`]); nothing without the
+/// `timeline` feature.
+macro_rules! timeline {
+    ($e:ident, $count:expr) => {
+        #[cfg(feature = "timeline")]
+        crate::timeline::record(crate::timeline::Event::$e, ($count) as u64);
+    };
+}
+
 mod ah;
 mod capture;
 pub mod cm;
@@ -56,6 +65,8 @@ mod qp;
 #[cfg(feature = "stage-probe")]
 mod stages;
 mod sys;
+#[cfg(feature = "timeline")]
+mod timeline;
 
 pub use ah::{AddressHandle, AhAttr};
 pub use capture::{PCAP_ENV, PCAP_MAX_ENV};
