@@ -175,11 +175,15 @@ pub struct Transmit {
 impl Transmit {
     /// The packet ECN-capable (ECT(0)), as connected requests go, unless its traffic class
     /// already gave it an ECN codepoint.
-    pub(crate) fn ect(self) -> Transmit {
+    pub(crate) fn ect(mut self) -> Transmit {
+        self.set_ect();
+        self
+    }
+
+    /// [`Self::ect`] in place (no copy of the whole struct on the way out).
+    pub(crate) fn set_ect(&mut self) {
         if self.tos & 3 == 0 {
-            Transmit { tos: self.tos | 0b10, ..self }
-        } else {
-            self
+            self.tos |= 0b10;
         }
     }
 

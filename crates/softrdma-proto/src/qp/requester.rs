@@ -775,13 +775,16 @@ impl QueuePair {
         let pad = usize::from(crate::wire::pad_count(payload_len));
         let longer_last = matches!(self.sq[i].op, SendOp::SendWithImm(_) | SendOp::SendWithInv(_));
         let tx = match self.finish_packet(dst, buf, head_len, payload, pad, longer_last, mem) {
-            Ok(t) => match self.sq[i].ud {
-                Some(ud) => Transmit { tos: ud.traffic_class, ..t },
-                // Connected requests are ECN-capable (ECT(0)) unless the address vector's
-                // traffic class says otherwise: a congested router marks them instead of
-                // dropping them, and the responder answers a mark with a CNP.
-                None => t.ect(),
-            },
+            Ok(mut t) => {
+                match self.sq[i].ud {
+                    Some(ud) => t.tos = ud.traffic_class,
+                    // Connected requests are ECN-capable (ECT(0)) unless the address vector's
+                    // traffic class says otherwise: a congested router marks them instead of
+                    // dropping them, and the responder answers a mark with a CNP.
+                    None => t.set_ect(),
+                }
+                t
+            }
             Err(_) => {
                 // The memory vanished or shrank under a posted WR.
                 self.sq[i].done = Some(WcStatus::LocProtErr);

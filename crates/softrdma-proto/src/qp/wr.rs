@@ -155,7 +155,10 @@ impl FromIterator<Sge> for SgList {
 impl<const N: usize> From<[Sge; N]> for SgList {
     fn from(sges: [Sge; N]) -> SgList {
         if N <= Self::INLINE {
-            sges.into_iter().collect()
+            // Written in place: `sgl![sge]` is on every post's path.
+            let mut inline = [Self::EMPTY; Self::INLINE];
+            inline[..N].copy_from_slice(&sges);
+            SgList(SgRepr::Inline { len: N as u8, sges: inline })
         } else {
             SgList(SgRepr::Heap(sges.to_vec()))
         }
