@@ -171,15 +171,13 @@ pub enum Segments {
 
 impl Segments {
     /// Appends `seg`.
+    #[inline]
     pub fn push(&mut self, seg: Segment) {
-        *self = match std::mem::take(self) {
-            Segments::Empty => Segments::One(seg),
-            Segments::One(first) => Segments::Many(vec![first, seg]),
-            Segments::Many(mut v) => {
-                v.push(seg);
-                Segments::Many(v)
-            }
-        };
+        match self {
+            Segments::Empty => *self = Segments::One(seg),
+            Segments::One(first) => *self = Segments::Many(vec![*first, seg]),
+            Segments::Many(v) => v.push(seg),
+        }
     }
 
     /// The segments, in order.

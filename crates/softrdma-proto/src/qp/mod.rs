@@ -1348,6 +1348,18 @@ impl QueuePair {
 
 /// Splits `[offset, offset + len)` of a scatter/gather list into memory segments.
 fn sgl_segments(sgl: &[Sge], mut offset: u64, mut len: u64) -> Segments {
+    // Most often the first entry holds the whole range (a list of one).
+    if let Some(s) = sgl.first().filter(|s| offset.saturating_add(len) <= u64::from(s.length)) {
+        return if len == 0 {
+            Segments::Empty
+        } else {
+            Segments::One(Segment {
+                key: crate::memory::MemKey::Local(s.lkey),
+                addr: s.addr.wrapping_add(offset),
+                len: len as u32,
+            })
+        };
+    }
     let mut out = Segments::Empty;
     for s in sgl {
         let sl = u64::from(s.length);
