@@ -535,8 +535,7 @@ pub(crate) struct Engine {
     /// still there reads `last_app_pass`, which only passes stamp, so that a program whose
     /// polls always find something still has its arrivals received.
     last_app_post: AtomicU64,
-    /// When the last `post_send` returned (ns since the epoch; its start, for one that
-    /// left its packets for later), and how many work requests
+    /// When the last `post_send` returned (ns since the epoch), and how many work requests
     /// posts have left unsent since the last flush (see [`Engine::post_send`]).
     last_post: AtomicU64,
     deferred: AtomicU32,
@@ -1086,12 +1085,8 @@ impl Engine {
             // packets' timers and send times are a few hundred nanoseconds early).
             self.flush_and_wake_at(core, started);
         }
-        // A post that left its packets for later took a lock and a few hundred nanoseconds
-        // at most: its start stands for its return, a clock read saved on every post of a
-        // burst but its last. One that sent returns microseconds later, for a train.
-        let returned = if deferred { start } else { ns(self.now()) };
         timeline!(PostEnd, n);
-        self.last_post.store(returned, Ordering::Relaxed);
+        self.last_post.store(ns(self.now()), Ordering::Relaxed);
         match failed {
             None => Ok(n),
             Some(e) => Err((n, e)),
