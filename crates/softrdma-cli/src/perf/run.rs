@@ -149,6 +149,11 @@ impl Session<'_> {
         let nq = self.qps.len();
         // Per QP: WRs posted, completed, and covered by a signaled WR.
         let (mut posted, mut done, mut signaled_to) = (vec![0u64; nq], vec![0u64; nq], vec![0u64; nq]);
+        // Signal every cq_mod-th WR, and the last one.
+        let signaled = |p: u64| (p + 1) % cq_mod == 0 || (deadline.is_none() && p + 1 == iters);
+        // Each QP's WR, made once, as perftest makes its WRs before the run: a post only
+        // numbers and flags a copy.
+        let templates = (0..nq).map(|q| self.wr(q, size, 0, false)).collect::<Result<Vec<_>, _>>()?;
         let mut marks = Vec::new();
         let start = Instant::now();
         loop {
@@ -157,19 +162,27 @@ impl Session<'_> {
             for q in 0..nq {
                 let more = time_left && (deadline.is_some() || posted[q] < iters);
                 // Post as many as the depth allows in one call (one system call for all).
-                let mut batch = Vec::with_capacity(depth.min(1024) as usize);
-                while more && posted[q] - done[q] < depth && (deadline.is_some() || posted[q] < iters) {
-                    // Signal every cq_mod-th WR, and the last one.
-                    let p = posted[q];
-                    let signaled = (p + 1) % cq_mod == 0 || (deadline.is_none() && p + 1 == iters);
-                    batch.push(self.wr(q, size, p, signaled)?);
-                    posted[q] += 1;
-                    if signaled {
-                        signaled_to[q] = posted[q];
+                let room = depth - (posted[q] - done[q]);
+                let n = if !more {
+                    0
+                } else if deadline.is_some() {
+                    room
+                } else {
+                    room.min(iters - posted[q])
+                };
+                if n > 0 {
+                    let first = posted[q];
+                    let wrs = (first..first + n).map(|p| {
+                        let mut wr = templates[q].clone();
+                        wr.wr_id = p;
+                        wr.flags.signaled = signaled(p);
+                        wr
+                    });
+                    self.qp(q)?.post_send_many(wrs).map_err(|(_, e)| e.to_string())?;
+                    posted[q] += n;
+                    if let Some(p) = (first..first + n).rev().find(|&p| signaled(p)) {
+                        signaled_to[q] = p + 1;
                     }
-                }
-                if !batch.is_empty() {
-                    self.qp(q)?.post_send_many(batch).map_err(|(_, e)| e.to_string())?;
                 }
                 if !more && signaled_to[q] < posted[q] {
                     // The run ended off a cq_mod boundary: one signaled WR covers the rest.
