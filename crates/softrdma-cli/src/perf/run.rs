@@ -162,7 +162,8 @@ impl Session<'_> {
             for q in 0..nq {
                 let more = time_left && (deadline.is_some() || posted[q] < iters);
                 // Post as many as the depth allows in one call (one system call for all).
-                let room = depth - (posted[q] - done[q]);
+                // (A QP's closing signaled WR may take it one past the depth: saturating.)
+                let room = depth.saturating_sub(posted[q] - done[q]);
                 let n = if !more {
                     0
                 } else if deadline.is_some() {
