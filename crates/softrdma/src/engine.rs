@@ -2419,18 +2419,8 @@ mod tests {
         assert_eq!(engine.io_stats().packets_received, 1);
         // Two trains of eight 20-byte segments, both queued before the next pass (a send
         // on loopback has delivered when it returns).
-        let seg: libc::c_int = 20;
-        // SAFETY: a valid socket and option value.
-        let r = unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&tx),
-                libc::SOL_UDP,
-                libc::UDP_SEGMENT,
-                (&raw const seg).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0, "UDP_SEGMENT: {}", std::io::Error::last_os_error());
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&tx);
+        assert!(crate::sys::setsockopt_int(fd, libc::SOL_UDP, libc::UDP_SEGMENT, 20), "UDP_SEGMENT refused");
         for _ in 0..2 {
             tx.send_to(&[0u8; 160], to).unwrap();
         }

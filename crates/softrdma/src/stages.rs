@@ -12,6 +12,8 @@ use std::cell::RefCell;
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use crate::sys::tsc;
+
 /// A point of the path from a receive call to the next send call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
@@ -72,19 +74,6 @@ struct Chain {
 
 thread_local! {
     static CHAIN: RefCell<Chain> = const { RefCell::new(Chain { last: None, sum: [0; N], count: [0; N], chains: 0 }) };
-}
-
-fn tsc() -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: RDTSC has no preconditions on x86-64.
-    unsafe {
-        core::arch::x86_64::_rdtsc()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        static EPOCH: OnceLock<Instant> = OnceLock::new();
-        EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-    }
 }
 
 /// The counter and the clock at the first mark of the process: the rate between the two is

@@ -53,24 +53,8 @@ static LOG: OnceLock<Option<Log>> = OnceLock::new();
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 static WRITTEN: AtomicBool = AtomicBool::new(false);
 
-fn tsc() -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: RDTSC has no preconditions on x86-64.
-    unsafe {
-        core::arch::x86_64::_rdtsc()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        mono()
-    }
-}
-
-fn mono() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid clock and a timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
-}
+use crate::cq::completion_clock_ns as mono;
+use crate::sys::tsc;
 
 fn log() -> Option<&'static Log> {
     LOG.get_or_init(|| {

@@ -656,6 +656,21 @@ impl Epoll {
     }
 }
 
+/// The CPU's time-stamp counter (elsewhere, nanoseconds of a monotonic clock): the
+/// profiling features' clock, a few cycles to read.
+#[cfg(any(feature = "stage-probe", feature = "timeline"))]
+pub(crate) fn tsc() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: RDTSC has no preconditions on x86-64.
+    unsafe {
+        core::arch::x86_64::_rdtsc()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        crate::cq::completion_clock_ns()
+    }
+}
+
 /// Sets an integer socket option; false if the kernel refused.
 pub(crate) fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> bool {
     // SAFETY: passes a pointer to a live c_int and its size to setsockopt.
