@@ -2431,6 +2431,40 @@ mod tests {
     }
 
     #[test]
+    fn a_pass_that_fills_its_batch_receives_again_and_stops_at_a_short_one() {
+        // Lone datagrams (a sender without GSO) queued deeper than one receive batch: the
+        // pass goes on after a full batch, and the first short one ends it, without a call
+        // that finds nothing.
+        use crate::link::RX_BATCH;
+        let link = crate::link::UdpLink::bind("127.0.0.63:0".parse().unwrap()).unwrap();
+        let engine = super::Engine::new(Box::new(link)).unwrap();
+        let to = engine.local();
+        let tx = std::net::UdpSocket::bind("127.0.0.64:0").unwrap();
+        let extra = 8;
+        for _ in 0..2 * RX_BATCH + extra {
+            tx.send_to(&[0u8; 20], to).unwrap();
+        }
+        // Each pass makes one call while the batch asks for fewer than a full one, and a
+        // call that fills its ask twice in a row doubles it: 1, 1, 2, 4, 8, 16 datagrams.
+        let mut taken = vec![];
+        let mut before = 0;
+        while before < RX_BATCH as u64 {
+            engine.try_progress();
+            let now = engine.io_stats().packets_received;
+            taken.push(now - before);
+            before = now;
+        }
+        assert_eq!(taken, [1, 1, 2, 4, 8, 16], "one call a pass while the ask grows");
+        let io = engine.io_stats();
+        // Asking a whole batch now: one pass takes it, then the rest in a second call.
+        engine.try_progress();
+        let after = engine.io_stats();
+        assert_eq!(after.packets_received - io.packets_received, (RX_BATCH + extra) as u64, "{after:?}");
+        assert_eq!(after.recv_calls - io.recv_calls, 2, "{after:?}");
+        assert_eq!(after.empty_recvs, io.empty_recvs, "no call found nothing: {after:?}");
+    }
+
+    #[test]
     fn a_datagram_belongs_to_the_shard_its_qpn_names() {
         let bth = |qpn: u32| {
             let mut b = [0u8; 12];
