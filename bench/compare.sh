@@ -8,12 +8,15 @@
 # raw ping-pong.
 #
 # SOFTRDMA_BIN and UDP_PROBE_BIN name prebuilt binaries (a machine without cargo: both set,
-# nothing is built). SHARDS sets the shard count of the `-q 8` bandwidth run (default: half
+# nothing is built), ICRC_COST_BIN softrdma-proto's `icrc_cost` example (without it there,
+# the rate and bandwidth floors are skipped). SHARDS sets the shard count of the `-q 8` bandwidth run (default: half
 # the cores, a power of two, at most 8).
 #
-# Prints a markdown table of softrdma's figures, the baselines' and their ratios, then a
-# last line with the verdict against the targets: `targets met`, or `targets missed: ...`
-# with each missed target and its measured ratio. Exits 0 either way unless something
+# Prints a markdown table of softrdma's figures, the baselines' and their ratios, the
+# floors (how close this machine lets any stack come to each target, before protocol
+# work: raw UDP with softrdma's socket options, the ICRC's own cost), then a last line
+# with the verdict against the targets: `targets met`, or `targets missed: ...` with each
+# missed target, its measured ratio and its floor. Exits 0 either way unless something
 # failed to run. Baselines that are missing and cannot be installed are reported as
 # skipped. Everything runs on loopback: softrdma on 127.0.0.2/127.0.0.3 (`--local`).
 set -uo pipefail
@@ -23,9 +26,11 @@ ITERS=${ITERS:-100000}
 
 if [ -z "${SOFTRDMA_BIN:-}" ] || [ -z "${UDP_PROBE_BIN:-}" ]; then
   cargo build --release -q -p softrdma-cli -p udp-probe || { echo "build failed"; exit 1; }
+  cargo build --release -q -p softrdma-proto --example icrc_cost || { echo "build failed"; exit 1; }
 fi
 SR=${SOFTRDMA_BIN:-target/release/softrdma}
 PROBE=${UDP_PROBE_BIN:-target/release/udp-probe}
+ICRC_COST=${ICRC_COST_BIN:-target/release/examples/icrc_cost}
 CORES=$(nproc)
 if [ -z "${SHARDS:-}" ]; then
   SHARDS=1
@@ -49,6 +54,11 @@ read -r lat_busy busy_p99 busy_p999 <<<"$(perf send_lat -s 8 -n "$ITERS" | jsons
 # READ: a full round trip, served on the target by its progress thread alone.
 read -r read_lat read_p99 <<<"$(perf read_lat -s 8 -n "$ITERS" | jsons t_typical p99)"
 read -r udp_lat udp_p99 udp_p999 <<<"$(timeout 120 "$PROBE" pingpong "$ITERS" 8 | awk '{print $2, $5, $7}')"
+# The floors (see the end): raw UDP with softrdma's system calls and socket options, and
+# what the ICRC and a payload's copy cost.
+FLOOR_MMSG=$(timeout 120 "$PROBE" pingpong-mmsg "$ITERS" 8 | awk '{print $2}') || FLOOR_MMSG=""
+FLOOR_COSTS=$( [ -x "$ICRC_COST" ] && timeout 60 "$ICRC_COST" | tail -1 ) || FLOOR_COSTS=""
+export FLOOR_MMSG FLOOR_COSTS
 # Event mode with the warm hand-back (the progress thread woken per message), beside the
 # default lean one.
 read -r warm_event warm_user warm_sys <<<"$(SOFTRDMA_EVENT_WAKE=warm perf send_lat -s 8 -n "$ITERS" -e --cpu_util |
@@ -144,7 +154,7 @@ python3 - "$lat_busy" "$lat_event" "$udp_lat" "$ucx_lat" "$write_bw" "$send_bw" 
   "$udp_p99" "$udp_p999" "${event_user:-}" "${event_sys:-}" "$udp_wait" "$udp_wait_p99" "$udp_wait_p999" \
   "$udp_rate_uring" "$udp_bw_zc" "$read_lat" "$read_p99" "${warm_event:-}" "${warm_user:-}" "${warm_sys:-}" \
   "${wait_cpu:-}" "${event_wait_ratio:-}" "$write_bw_q8" "$SHARDS" "$CORES" "${event_rounds:-}" <<'PY'
-import sys
+import json, os, sys
 rounds = sys.argv[-1]
 v = [float(x) if x not in ("", "None") else None for x in sys.argv[1:-1]]
 write_bw_q8, shards, cores = v[-3:]
@@ -199,12 +209,51 @@ print(f"| raw UDP ping-pong | {f(udp_lat)} | {f(udp_p99)} | {f(udp_p999)} |")
 print(f"| raw UDP ping-pong, blocking recv | {f(udp_wait)} | {f(udp_wait_p99)} | {f(udp_wait_p999)} |")
 print()
 print(f"event mode and the blocking raw ping-pong, medians of each round, µs (softrdma/raw): {rounds}")
+# Floors: how close the machine itself lets any stack come to each target, measured in
+# this run, before any protocol work. Latency: raw UDP with the system calls and socket
+# options softrdma needs (GRO for bandwidth, the TOS byte for ECN, the destination named
+# in each send), against plain raw UDP. Message rate and bandwidth: each side of raw
+# UDP's stream doing, per packet, only what the ICRC makes any RoCE stack do on top (the
+# ICRC of a 2-byte SEND's packet; for a full packet its payload's copy and ICRC), the
+# rest of its time per packet unchanged. Event mode: raw UDP's own ping-pong with threads
+# that sleep in `recv`, against its busy-polled one.
+mmsg = float(os.environ["FLOOR_MMSG"]) if os.environ.get("FLOOR_MMSG") else None
+try:
+    costs = json.loads(os.environ.get("FLOOR_COSTS") or "{}")
+except ValueError:
+    costs = {}
+def ceiling(t, extra):
+    return None if t is None or extra is None else t / (t + extra)
+rate_t = None if not udp_rate_gso else 1e3 / udp_rate_gso
+bw_t = None if not udp_bw else 4096 / (udp_bw * 1.048576e6 / 1e9)
+icrc_small = costs.get("icrc_16_ns")
+payload = None if "copy_4096_ns" not in costs or "icrc_4108_ns" not in costs else costs["copy_4096_ns"] + costs["icrc_4108_ns"]
+floors = {
+    "send_lat <= 1.2x raw UDP": (r(mmsg, udp_lat), "raw UDP with softrdma's system calls and socket options / raw UDP, one-way"),
+    "send_lat <= 0.6x UCX-TCP": (r(mmsg, ucx_lat), "the same / UCX over TCP"),
+    "2-byte message rate >= 0.7x raw UDP GSO+GRO": (ceiling(rate_t, icrc_small),
+        f"2-byte rate if each side did nothing but one ICRC ({f(icrc_small, 1)} ns) on top of raw UDP's {f(rate_t, 1)} ns a datagram"),
+    "write_bw >= 0.8x raw UDP GSO+GRO": (ceiling(bw_t, payload),
+        f"64 KiB bandwidth if each side did nothing but a 4 KiB payload's copy and ICRC ({f(payload, 1)} ns) on top of raw UDP's {f(bw_t, 1)} ns a packet"),
+    "send_lat -e <= 1.35x busy-poll": (r(udp_wait, udp_lat), "raw UDP ping-pong, blocking recv / busy-poll, one-way"),
+    "send_lat -e client CPU <= 30%": (wait_cpu, "raw UDP blocking ping-pong, CPU % of elapsed per side"),
+}
+floors["send_bw >= 0.8x raw UDP GSO+GRO"] = floors["write_bw >= 0.8x raw UDP GSO+GRO"]
+print()
+print("| floor on this machine, before any protocol work | value | target |")
+print("|---|---:|---|")
+for name, (value, what) in floors.items():
+    if name != "send_bw >= 0.8x raw UDP GSO+GRO":
+        print(f"| {what} | {f(value)} | {name} |")
+def floor_note(name):
+    value = floors.get(name, (None, ""))[0]
+    return "" if value is None else f"; floor {value:.2f}"
 missed = []
 def target(name, ok, ratio):
     if ratio is None:
         missed.append(f"{name} (not measured)")
     elif not ok(ratio):
-        missed.append(f"{name} ({ratio:.2f})")
+        missed.append(f"{name} ({ratio:.2f}{floor_note(name)})")
 target("send_lat <= 1.2x raw UDP", lambda x: x <= 1.2, r(lat_busy, udp_lat))
 if ucx_lat is not None:
     target("send_lat <= 0.6x UCX-TCP", lambda x: x <= 0.6, r(lat_busy, ucx_lat))
@@ -217,7 +266,7 @@ if cores >= 16:
     target("write_bw -q 8 >= 4x -q 1 on 16 cores", lambda x: x >= 4, r(write_bw_q8, write_bw))
 target("send_lat -e <= 1.35x busy-poll", lambda x: x <= 1.35, r(lat_event, lat_busy))
 if event_user is not None and event_sys is not None and event_user + event_sys > 30:
-    missed.append(f"send_lat -e client CPU <= 30% ({event_user + event_sys:.0f}%)")
+    missed.append(f"send_lat -e client CPU <= 30% ({event_user + event_sys:.0f}%{floor_note('send_lat -e client CPU <= 30%')})")
 if idle is None or idle >= 1:
     missed.append(f"idle CPU < 1% ({idle}%)")
 print()
