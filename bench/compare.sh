@@ -63,10 +63,12 @@ export FLOOR_MMSG FLOOR_COSTS
 # default lean one.
 read -r warm_event warm_user warm_sys <<<"$(SOFTRDMA_EVENT_WAKE=warm perf send_lat -s 8 -n "$ITERS" -e --cpu_util |
   jsons t_typical cpu_user_pct cpu_sys_pct)"
-# Event mode beside the blocking raw UDP ping-pong (with the CPU time of its two sides, one
-# process), in ROUNDS alternating rounds of ITERS/ROUNDS round trips each: whether two
-# threads that sleep and wake each other share a vCPU or wake one another across two
-# (tens of µs on a VM whose idle vCPUs halt) changes from minute to minute, for both alike.
+# Event mode beside the blocking raw UDP ping-pong (its two sides in two processes, as
+# `--local` runs softrdma's, with their CPU time), in ROUNDS alternating rounds of
+# ITERS/ROUNDS round trips each: whether two threads that sleep and wake each other share
+# a vCPU or wake one another across two (tens of µs on a VM whose idle vCPUs halt)
+# changes from run to run, for both alike (eight alternations on 2026-11-27: softrdma's
+# sides met in one, raw UDP's in three, as two processes or as two threads).
 # The medians are the rounds' middle ones; the ratio to the raw ping-pong is the middle of
 # the rounds' own ratios.
 ROUNDS=${ROUNDS:-3}
@@ -75,7 +77,7 @@ ev_rounds=(); wait_rounds=()
 for _ in $(seq "$ROUNDS"); do
   ev_rounds+=("$(perf send_lat -s 8 -n "$round_iters" -e --cpu_util | jsons t_typical p99 p99_9 cpu_user_pct cpu_sys_pct)")
   wait_out=$(mktemp)
-  cpu=$( { TIMEFORMAT='%U %S %R'; time timeout 120 "$PROBE" pingpong-wait "$round_iters" 8 >"$wait_out" 2>/dev/null; } 2>&1 |
+  cpu=$( { TIMEFORMAT='%U %S %R'; time timeout 120 "$PROBE" pingpong-wait-procs "$round_iters" 8 >"$wait_out" 2>/dev/null; } 2>&1 |
     awk 'END { if (NF == 3 && $3 > 0) printf "%.1f", 100 * ($1 + $2) / $3 / 2 }')
   wait_rounds+=("$(awk '{printf "%s %s %s", $2, $5, $7}' "$wait_out") ${cpu:-None}")
   rm -f "$wait_out"
@@ -177,7 +179,7 @@ rows = [
     ("one-way latency, 8 B, µs (median)", "send_lat busy-poll", lat_busy, "raw UDP ping-pong (busy-poll)", udp_lat),
     ("", "send_lat busy-poll", lat_busy, "UCX over TCP (ucp_am_lat)", ucx_lat),
     ("", "send_lat -e (events)", lat_event, "send_lat busy-poll", lat_busy),
-    ("", "send_lat -e (events)", lat_event, "raw UDP ping-pong, blocking recv", udp_wait, event_wait_ratio),
+    ("", "send_lat -e (events)", lat_event, "raw UDP ping-pong, blocking recv, two processes", udp_wait, event_wait_ratio),
     ("", "send_lat -e, warm hand-back", warm_event, "send_lat busy-poll", lat_busy),
     ("round trip, 8 B, µs (median)", "read_lat (target: no app thread)", read_lat, "raw UDP ping-pong round trip", udp_rtt),
     ("bandwidth, 64 KiB, MiB/s", "write_bw", write_bw, "raw UDP, GSO+GRO, 4 KiB segments", udp_bw),
@@ -206,7 +208,7 @@ print(f"| softrdma send_lat -e | {f(lat_event)} | {f(event_p99)} | {f(event_p999
 print(f"| softrdma send_lat -e, warm hand-back | {f(warm_event)} | — | — |")
 print(f"| softrdma read_lat (round trip) | {f(read_lat)} | {f(read_p99)} | — |")
 print(f"| raw UDP ping-pong | {f(udp_lat)} | {f(udp_p99)} | {f(udp_p999)} |")
-print(f"| raw UDP ping-pong, blocking recv | {f(udp_wait)} | {f(udp_wait_p99)} | {f(udp_wait_p999)} |")
+print(f"| raw UDP ping-pong, blocking recv, two processes | {f(udp_wait)} | {f(udp_wait_p99)} | {f(udp_wait_p999)} |")
 print()
 print(f"event mode and the blocking raw ping-pong, medians of each round, µs (softrdma/raw): {rounds}")
 # Floors: how close the machine itself lets any stack come to each target, measured in
@@ -235,7 +237,7 @@ floors = {
         f"2-byte rate if each side did nothing but one ICRC ({f(icrc_small, 1)} ns) on top of raw UDP's {f(rate_t, 1)} ns a datagram"),
     "write_bw >= 0.8x raw UDP GSO+GRO": (ceiling(bw_t, payload),
         f"64 KiB bandwidth if each side did nothing but a 4 KiB payload's copy and ICRC ({f(payload, 1)} ns) on top of raw UDP's {f(bw_t, 1)} ns a packet"),
-    "send_lat -e <= 1.35x busy-poll": (r(udp_wait, udp_lat), "raw UDP ping-pong, blocking recv / busy-poll, one-way"),
+    "send_lat -e <= 1.35x busy-poll": (r(udp_wait, udp_lat), "raw UDP ping-pong, blocking recv (two processes) / busy-poll, one-way"),
     "send_lat -e client CPU <= 30%": (wait_cpu, "raw UDP blocking ping-pong, CPU % of elapsed per side"),
 }
 floors["send_bw >= 0.8x raw UDP GSO+GRO"] = floors["write_bw >= 0.8x raw UDP GSO+GRO"]

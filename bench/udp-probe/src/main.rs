@@ -13,6 +13,9 @@
 //!   `send` and `recv`);
 //! - `pingpong-wait N SIZE`: the same with blocking sockets: each side sleeps in `recv`
 //!   until the datagram comes, the floor of any event-driven ping-pong;
+//! - `pingpong-procs N SIZE`, `pingpong-wait-procs N SIZE`: `pingpong` and `pingpong-wait`
+//!   with the two sides in two processes, as `softrdma perf --local` runs its own (a copy
+//!   of this program, started with the hidden mode `echo`, answers);
 //! - `bw SECONDS SEGMENT`: sends of up to 64 KiB (and at most 64 segments, the kernel's
 //!   limit) cut into SEGMENT-byte datagrams by UDP GSO, received with GRO; prints MiB/s of
 //!   datagram payload delivered;
@@ -85,6 +88,58 @@ fn pingpong(n: usize, size: usize, block: bool) {
     }
     echo.join().unwrap();
     report(if block { "udp_pingpong_blocking_oneway" } else { "udp_pingpong_oneway" }, lat);
+}
+
+/// [`pingpong`] between two processes, as `softrdma perf --local` runs its two sides:
+/// this one, and a copy of this program started with the hidden mode `echo` that answers
+/// every datagram. A process's threads start beside each other, two processes' apart (the
+/// kernel spreads a new process to an idle CPU), and on a VM whose idle vCPUs halt a
+/// wake-up across vCPUs costs tens of microseconds: with sleeping sides, this is the
+/// placement softrdma's event mode is measured in.
+fn pingpong_procs(n: usize, size: usize, block: bool) {
+    let a = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    set(&a, libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20);
+    let exe = std::env::current_exe().expect("this program's path");
+    let mut child = std::process::Command::new(exe)
+        .args(["echo", &a.local_addr().unwrap().to_string(), &n.to_string(), if block { "1" } else { "0" }])
+        .spawn()
+        .expect("start the echo process");
+    // The echo side's first datagram names its address.
+    let mut buf = vec![0u8; 65536];
+    let (_, peer) = a.recv_from(&mut buf).expect("the echo process's hello");
+    a.connect(peer).unwrap();
+    a.set_nonblocking(!block).unwrap();
+    let msg = vec![7u8; size];
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        a.send(&msg).unwrap();
+        while a.recv(&mut buf).is_err() {
+            std::hint::spin_loop();
+        }
+        lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+    }
+    assert!(child.wait().expect("the echo process").success(), "the echo process failed");
+    report(if block { "udp_pingpong_procs_blocking_oneway" } else { "udp_pingpong_procs_oneway" }, lat);
+}
+
+/// The other side of [`pingpong_procs`]: says hello to `to`, then answers `n` datagrams.
+fn echo(to: &str, n: usize, block: bool) {
+    let b = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    set(&b, libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20);
+    b.connect(to).expect("the ping side's address");
+    b.send(&[0u8; 1]).unwrap();
+    b.set_nonblocking(!block).unwrap();
+    let mut buf = vec![0u8; 65536];
+    for _ in 0..n {
+        let k = loop {
+            if let Ok(k) = b.recv(&mut buf) {
+                break k;
+            }
+            std::hint::spin_loop();
+        };
+        b.send(&buf[..k]).unwrap();
+    }
 }
 
 /// [`pingpong`] with softrdma's system calls as a ping-pong makes them: unconnected
@@ -525,6 +580,9 @@ fn main() {
             args.get(3).map_or("", String::as_str),
         ),
         Some("pingpong-wait") => pingpong(num(1, 20000.0) as usize, num(2, 8.0) as usize, true),
+        Some("pingpong-procs") => pingpong_procs(num(1, 20000.0) as usize, num(2, 8.0) as usize, false),
+        Some("pingpong-wait-procs") => pingpong_procs(num(1, 20000.0) as usize, num(2, 8.0) as usize, true),
+        Some("echo") => echo(args.get(1).map_or("", String::as_str), num(2, 0.0) as usize, num(3, 0.0) != 0.0),
         Some("bw") => bw(num(1, 3.0), num(2, 4096.0) as usize),
         Some("bw-zerocopy") => bw_zerocopy(num(1, 3.0), num(2, 4096.0) as usize),
         Some("rate") => rate(num(1, 3.0), num(2, 20.0) as usize),
@@ -532,7 +590,7 @@ fn main() {
         Some("rate-uring") => rate_uring(num(1, 3.0), num(2, 20.0) as usize),
         _ => {
             eprintln!(
-                "usage: udp-probe pingpong [N] [SIZE] | pingpong-mmsg [N] [SIZE] [WITHOUT] | pingpong-wait [N] [SIZE] | bw [SECONDS] [SEGMENT] | bw-zerocopy [SECONDS] [SEGMENT] | rate [SECONDS] [SIZE] \
+                "usage: udp-probe pingpong [N] [SIZE] | pingpong-mmsg [N] [SIZE] [WITHOUT] | pingpong-wait [N] [SIZE] | pingpong-procs [N] [SIZE] | pingpong-wait-procs [N] [SIZE] | bw [SECONDS] [SEGMENT] | bw-zerocopy [SECONDS] [SEGMENT] | rate [SECONDS] [SIZE] \
                  | rate-gso [SECONDS] [SIZE] | rate-uring [SECONDS] [SIZE]"
             );
             std::process::exit(2);
