@@ -8,8 +8,8 @@
 # raw ping-pong.
 #
 # SOFTRDMA_BIN and UDP_PROBE_BIN name prebuilt binaries (a machine without cargo: both set,
-# nothing is built), ICRC_COST_BIN softrdma-proto's `icrc_cost` example (without it there,
-# the rate and bandwidth floors are skipped). SHARDS sets the shard count of the `-q 8` bandwidth run (default: half
+# nothing is built), ICRC_COST_BIN softrdma-proto's `icrc_cost` example (the rate and
+# bandwidth floors are skipped unless it is there, at target/release/examples/ by default). SHARDS sets the shard count of the `-q 8` bandwidth run (default: half
 # the cores, a power of two, at most 8).
 #
 # Prints a markdown table of softrdma's figures, the baselines' and their ratios, the
@@ -57,8 +57,10 @@ read -r udp_lat udp_p99 udp_p999 <<<"$(timeout 120 "$PROBE" pingpong "$ITERS" 8 
 # The floors (see the end): raw UDP with softrdma's system calls and socket options, and
 # what the ICRC and a payload's copy cost.
 FLOOR_MMSG=$(timeout 120 "$PROBE" pingpong-mmsg "$ITERS" 8 | awk '{print $2}') || FLOOR_MMSG=""
+# The busy-polled ping-pong between two processes: the blocking one's placement.
+FLOOR_PROCS=$(timeout 120 "$PROBE" pingpong-procs "$ITERS" 8 | awk '{print $2}') || FLOOR_PROCS=""
 FLOOR_COSTS=$( [ -x "$ICRC_COST" ] && timeout 60 "$ICRC_COST" | tail -1 ) || FLOOR_COSTS=""
-export FLOOR_MMSG FLOOR_COSTS
+export FLOOR_MMSG FLOOR_PROCS FLOOR_COSTS
 # Event mode with the warm hand-back (the progress thread woken per message), beside the
 # default lean one.
 read -r warm_event warm_user warm_sys <<<"$(SOFTRDMA_EVENT_WAKE=warm perf send_lat -s 8 -n "$ITERS" -e --cpu_util |
@@ -79,6 +81,8 @@ for _ in $(seq "$ROUNDS"); do
   wait_out=$(mktemp)
   cpu=$( { TIMEFORMAT='%U %S %R'; time timeout 120 "$PROBE" pingpong-wait-procs "$round_iters" 8 >"$wait_out" 2>/dev/null; } 2>&1 |
     awk 'END { if (NF == 3 && $3 > 0) printf "%.1f", 100 * ($1 + $2) / $3 / 2 }')
+  # A probe that failed printed nothing: no figures, and no CPU share either.
+  [ -s "$wait_out" ] || cpu=""
   wait_rounds+=("$(awk '{printf "%s %s %s", $2, $5, $7}' "$wait_out") ${cpu:-None}")
   rm -f "$wait_out"
 done
@@ -214,12 +218,18 @@ print(f"event mode and the blocking raw ping-pong, medians of each round, µs (s
 # Floors: how close the machine itself lets any stack come to each target, measured in
 # this run, before any protocol work. Latency: raw UDP with the system calls and socket
 # options softrdma needs (GRO for bandwidth, the TOS byte for ECN, the destination named
-# in each send), against plain raw UDP. Message rate and bandwidth: each side of raw
-# UDP's stream doing, per packet, only what the ICRC makes any RoCE stack do on top (the
-# ICRC of a 2-byte SEND's packet; for a full packet its payload's copy and ICRC), the
-# rest of its time per packet unchanged. Event mode: raw UDP's own ping-pong with threads
-# that sleep in `recv`, against its busy-polled one.
-mmsg = float(os.environ["FLOOR_MMSG"]) if os.environ.get("FLOOR_MMSG") else None
+# in each send), against plain raw UDP. Message rate and bandwidth (ceilings of the
+# ratio): each side of raw UDP's stream doing, per packet, only what the ICRC makes any
+# RoCE stack do on top (the ICRC of a 2-byte SEND's packet; for a full packet its
+# payload's copy and ICRC), the rest of its time per packet unchanged. Event mode: raw
+# UDP's own ping-pong between two processes that sleep in `recv`, against the same
+# between two processes that busy-poll.
+def env_float(name):
+    try:
+        return float(os.environ.get(name) or "")
+    except ValueError:
+        return None
+mmsg, procs_lat = env_float("FLOOR_MMSG"), env_float("FLOOR_PROCS")
 try:
     costs = json.loads(os.environ.get("FLOOR_COSTS") or "{}")
 except ValueError:
@@ -237,12 +247,12 @@ floors = {
         f"2-byte rate if each side did nothing but one ICRC ({f(icrc_small, 1)} ns) on top of raw UDP's {f(rate_t, 1)} ns a datagram"),
     "write_bw >= 0.8x raw UDP GSO+GRO": (ceiling(bw_t, payload),
         f"64 KiB bandwidth if each side did nothing but a 4 KiB payload's copy and ICRC ({f(payload, 1)} ns) on top of raw UDP's {f(bw_t, 1)} ns a packet"),
-    "send_lat -e <= 1.35x busy-poll": (r(udp_wait, udp_lat), "raw UDP ping-pong, blocking recv (two processes) / busy-poll, one-way"),
+    "send_lat -e <= 1.35x busy-poll": (r(udp_wait, procs_lat), "raw UDP ping-pong between two processes, blocking recv / busy-poll, one-way"),
     "send_lat -e client CPU <= 30%": (wait_cpu, "raw UDP blocking ping-pong, CPU % of elapsed per side"),
 }
 floors["send_bw >= 0.8x raw UDP GSO+GRO"] = floors["write_bw >= 0.8x raw UDP GSO+GRO"]
 print()
-print("| floor on this machine, before any protocol work | value | target |")
+print("| floor on this machine before any protocol work (of a time ratio: the least; of a throughput ratio: the most) | value | target |")
 print("|---|---:|---|")
 for name, (value, what) in floors.items():
     if name != "send_bw >= 0.8x raw UDP GSO+GRO":

@@ -97,16 +97,32 @@ fn pingpong(n: usize, size: usize, block: bool) {
 /// wake-up across vCPUs costs tens of microseconds: with sleeping sides, this is the
 /// placement softrdma's event mode is measured in.
 fn pingpong_procs(n: usize, size: usize, block: bool) {
+    /// The echo process, killed if this one ends before it (an error, a panic).
+    struct Echo(std::process::Child);
+    impl Drop for Echo {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let a = UdpSocket::bind("127.0.0.1:0").expect("bind");
     set(&a, libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20);
     let exe = std::env::current_exe().expect("this program's path");
-    let mut child = std::process::Command::new(exe)
-        .args(["echo", &a.local_addr().unwrap().to_string(), &n.to_string(), if block { "1" } else { "0" }])
-        .spawn()
-        .expect("start the echo process");
+    let mut child = Echo(
+        std::process::Command::new(exe)
+            .args([
+                "echo",
+                &a.local_addr().unwrap().to_string(),
+                &n.to_string(),
+                if block { "1" } else { "0" },
+            ])
+            .spawn()
+            .expect("start the echo process"),
+    );
     // The echo side's first datagram names its address.
     let mut buf = vec![0u8; 65536];
-    let (_, peer) = a.recv_from(&mut buf).expect("the echo process's hello");
+    a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (_, peer) = a.recv_from(&mut buf).expect("the echo process's hello within 10 s");
     a.connect(peer).unwrap();
     a.set_nonblocking(!block).unwrap();
     let msg = vec![7u8; size];
@@ -114,30 +130,41 @@ fn pingpong_procs(n: usize, size: usize, block: bool) {
     for _ in 0..n {
         let t = Instant::now();
         a.send(&msg).unwrap();
-        while a.recv(&mut buf).is_err() {
-            std::hint::spin_loop();
-        }
+        recv_or_spin(&a, &mut buf, block);
         lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
     }
-    assert!(child.wait().expect("the echo process").success(), "the echo process failed");
+    assert!(child.0.wait().expect("the echo process").success(), "the echo process failed");
     report(if block { "udp_pingpong_procs_blocking_oneway" } else { "udp_pingpong_procs_oneway" }, lat);
 }
 
+/// A datagram from `s`: spinning while it has none if it does not `block`, failing on
+/// any other error (the peer gone: `ECONNREFUSED`; a blocking socket's 10 s timeout).
+fn recv_or_spin(s: &UdpSocket, buf: &mut [u8], block: bool) -> usize {
+    loop {
+        match s.recv(buf) {
+            Ok(k) => return k,
+            Err(e) if !block && e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => panic!("receive: {e}"),
+        }
+    }
+}
+
 /// The other side of [`pingpong_procs`]: says hello to `to`, then answers `n` datagrams.
+/// It dies with its parent.
 fn echo(to: &str, n: usize, block: bool) {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and touches no memory.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     let b = UdpSocket::bind("127.0.0.1:0").expect("bind");
     set(&b, libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20);
     b.connect(to).expect("the ping side's address");
     b.send(&[0u8; 1]).unwrap();
+    if block {
+        b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    }
     b.set_nonblocking(!block).unwrap();
     let mut buf = vec![0u8; 65536];
     for _ in 0..n {
-        let k = loop {
-            if let Ok(k) = b.recv(&mut buf) {
-                break k;
-            }
-            std::hint::spin_loop();
-        };
+        let k = recv_or_spin(&b, &mut buf, block);
         b.send(&buf[..k]).unwrap();
     }
 }
@@ -582,7 +609,9 @@ fn main() {
         Some("pingpong-wait") => pingpong(num(1, 20000.0) as usize, num(2, 8.0) as usize, true),
         Some("pingpong-procs") => pingpong_procs(num(1, 20000.0) as usize, num(2, 8.0) as usize, false),
         Some("pingpong-wait-procs") => pingpong_procs(num(1, 20000.0) as usize, num(2, 8.0) as usize, true),
-        Some("echo") => echo(args.get(1).map_or("", String::as_str), num(2, 0.0) as usize, num(3, 0.0) != 0.0),
+        Some("echo") => {
+            echo(args.get(1).map_or("", String::as_str), num(2, 0.0) as usize, num(3, 0.0) != 0.0)
+        }
         Some("bw") => bw(num(1, 3.0), num(2, 4096.0) as usize),
         Some("bw-zerocopy") => bw_zerocopy(num(1, 3.0), num(2, 4096.0) as usize),
         Some("rate") => rate(num(1, 3.0), num(2, 20.0) as usize),

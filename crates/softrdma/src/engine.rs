@@ -72,15 +72,10 @@ const RUNNABLE_SAMPLE: Duration = Duration::from_millis(10);
 const OVERSUBSCRIBED_SAMPLES: u32 = 3;
 
 /// Whether a progress thread's spin after an arrival runs on a core no other thread wants:
-/// the process may run on more than one CPU (its affinity mask and its cgroup's CPU quota,
-/// as `std::thread::available_parallelism` counts them), and the machine's runnable
-/// threads (the fourth field of `/proc/loadavg`, the spinner itself counted) are no more
-/// than its online CPUs. Sampled every [`RUNNABLE_SAMPLE`] at most, for the whole process.
-///
-/// A process held to one CPU (`taskset -c 0`, a container given one CPU) never spins: the
-/// spinner would take the only CPU from the threads it waits for. Two event-mode processes
-/// on one CPU (`perf send_lat -e --local` under `taskset -c 0`) spun 440 times a second
-/// each, with a `ppoll` of no timeout every loop, 1.2 system calls per round trip.
+/// the machine's runnable threads (the fourth field of `/proc/loadavg`, the spinner itself
+/// counted) are no more than its online CPUs. Sampled every [`RUNNABLE_SAMPLE`] at most,
+/// for the whole process. Both counts are the machine's (or the VM's); a device whose
+/// threads may use one CPU only does not spin at all (see `Engine::may_spin`).
 ///
 /// A spin pays only there. With more runnable threads than cores (on two cores, two
 /// programs spinning on memory for each other's WRITEs, as perftest's `ib_write_lat` over
@@ -108,7 +103,7 @@ fn spin_has_a_core() -> bool {
             CROWDED.store(crowded, Ordering::Relaxed);
         }
     }
-    ALLOWED_CPUS.get().is_none_or(|&n| n > 1) && CROWDED.load(Ordering::Relaxed) < OVERSUBSCRIBED_SAMPLES
+    CROWDED.load(Ordering::Relaxed) < OVERSUBSCRIBED_SAMPLES
 }
 
 /// The machine's online CPUs (at least 1).
@@ -135,14 +130,10 @@ static LOADAVG: OnceLock<Option<std::fs::File>> = OnceLock::new();
 fn open_load_probe() {
     LOADAVG.get_or_init(|| std::fs::File::open("/proc/loadavg").ok());
     CORES.get_or_init(online_cpus);
-    ALLOWED_CPUS.get_or_init(|| std::thread::available_parallelism().map_or(usize::MAX, |n| n.get()));
 }
 
 /// The machine's online CPUs, counted by [`open_load_probe`] (`sysconf` reads a file).
 static CORES: OnceLock<usize> = OnceLock::new();
-/// The CPUs this process may run on (its affinity mask, its cgroup's quota), counted by
-/// [`open_load_probe`]; `usize::MAX` where they cannot be counted.
-static ALLOWED_CPUS: OnceLock<usize> = OnceLock::new();
 
 /// The machine's runnable threads now (`/proc/loadavg`'s `running/total`), read through
 /// the descriptor [`open_load_probe`] opened; `None` if it could not (then the spin stays
@@ -522,6 +513,16 @@ pub(crate) struct Engine {
     wake: EventFd,
     local: SocketAddr,
     stop: AtomicBool,
+    /// The device's threads may use more than one CPU, so that its progress thread's spin
+    /// after an arrival (see [`SPIN_AFTER_RX`]) can have one to itself: counted where the
+    /// device opens, by the thread that opens it, whose affinity mask the device's threads
+    /// inherit, with the cgroup's CPU quota (`std::thread::available_parallelism`; rounded
+    /// down, so a quota of 1.5 CPUs counts one). A device held to one CPU (`taskset -c 0`,
+    /// a container given one CPU) never spins: the spinner would take that CPU from the
+    /// threads it waits for (two event-mode processes under `taskset -c 0` spun 440 times a
+    /// second each, a `ppoll` of no timeout every loop, 1.2 system calls a round trip). A
+    /// mask changed after the opening is not seen.
+    may_spin: bool,
     io: IoCounters,
     epoch: Instant,
     /// The deadline (ns since `epoch`) the progress thread is sleeping until; u64::MAX
@@ -768,6 +769,7 @@ impl Engine {
             async_fd,
             local,
             stop: AtomicBool::new(false),
+            may_spin: std::thread::available_parallelism().map_or(true, |n| n.get() > 1),
             io: IoCounters::default(),
             epoch: Instant::now(),
             sleeping_until: AtomicU64::new(u64::MAX),
@@ -2319,7 +2321,7 @@ impl Engine {
                 }
             } else if let Some(t) = last_rx.filter(|&t| {
                 let now = self.now();
-                now < t + SPIN_AFTER_RX && spin_has_a_core()
+                now < t + SPIN_AFTER_RX && self.may_spin && spin_has_a_core()
             }) {
                 // This thread serves the link and traffic is flowing: stay awake (a post's
                 // new timer needs no nudge meanwhile), watching the link without the engine
