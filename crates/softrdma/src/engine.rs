@@ -2416,15 +2416,22 @@ mod tests {
         assert_eq!(sum, one(11));
     }
 
+    /// An engine on a UDP link at 127.0.0.`last` (no progress thread: the test runs its
+    /// passes), its address, and a plain UDP socket on 127.0.0.`last + 1` to send to it.
+    fn engine_and_sender(last: u8) -> (super::Engine, std::net::SocketAddr, std::net::UdpSocket) {
+        let link = crate::link::UdpLink::bind(std::net::SocketAddr::from(([127, 0, 0, last], 0))).unwrap();
+        let engine = super::Engine::new(Box::new(link)).unwrap();
+        let to = engine.local();
+        let tx = std::net::UdpSocket::bind(std::net::SocketAddr::from(([127, 0, 0, last + 1], 0))).unwrap();
+        (engine, to, tx)
+    }
+
     #[test]
     fn a_pass_that_receives_a_gro_train_receives_again() {
         // A stream's sender sends its trains back to back: a pass that took one takes the
         // next before it acknowledges and hands over completions, even when the receive
         // batch has shrunk to one datagram a call (as after a ping-pong's lone datagrams).
-        let link = crate::link::UdpLink::bind("127.0.0.61:0".parse().unwrap()).unwrap();
-        let engine = super::Engine::new(Box::new(link)).unwrap();
-        let to = engine.local();
-        let tx = std::net::UdpSocket::bind("127.0.0.62:0").unwrap();
+        let (engine, to, tx) = engine_and_sender(61);
         tx.send_to(&[0u8; 20], to).unwrap();
         engine.try_progress();
         assert_eq!(engine.io_stats().packets_received, 1);
@@ -2447,10 +2454,7 @@ mod tests {
         // pass goes on after a full batch, and the first short one ends it, without a call
         // that finds nothing.
         use crate::link::RX_BATCH;
-        let link = crate::link::UdpLink::bind("127.0.0.63:0".parse().unwrap()).unwrap();
-        let engine = super::Engine::new(Box::new(link)).unwrap();
-        let to = engine.local();
-        let tx = std::net::UdpSocket::bind("127.0.0.64:0").unwrap();
+        let (engine, to, tx) = engine_and_sender(63);
         let extra = 8;
         for _ in 0..2 * RX_BATCH + extra {
             tx.send_to(&[0u8; 20], to).unwrap();
