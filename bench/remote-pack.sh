@@ -9,9 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p softrdma-cli -p udp-probe
+cargo build --release -q -p softrdma-proto --example icrc_cost
 scripts/build-libs.sh >/dev/null
 rm -rf .remote && mkdir -p .remote/bin .remote/deb
-cp target/release/softrdma target/release/udp-probe .remote/bin/
+cp target/release/softrdma target/release/udp-probe target/release/examples/icrc_cost .remote/bin/
 strip .remote/bin/*
 cp -a target/softrdma-lib .remote/lib
 # apt downloads into the current directory; as root it warns that _apt cannot write there.

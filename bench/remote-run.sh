@@ -20,7 +20,7 @@ export UCX_MODULE_DIR=$ROOT/usr/lib/x86_64-linux-gnu/ucx
 export SOFTRDMA_LIB_DIR=$PWD/.remote/lib
 SR=$PWD/.remote/bin/softrdma
 echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), kernel $(uname -r)"
-SOFTRDMA_BIN=$SR UDP_PROBE_BIN=$PWD/.remote/bin/udp-probe timeout 400 bench/compare.sh >"$OUT/compare.md" 2>&1
+SOFTRDMA_BIN=$SR UDP_PROBE_BIN=$PWD/.remote/bin/udp-probe ICRC_COST_BIN=$PWD/.remote/bin/icrc_cost timeout 400 bench/compare.sh >"$OUT/compare.md" 2>&1
 cat "$OUT/compare.md"
 # perftest, both sides through the drop-in library (server on .2, client on .3).
 port=19300
