@@ -62,18 +62,15 @@ fn set(s: &UdpSocket, level: libc::c_int, name: libc::c_int, v: libc::c_int) {
 
 fn pingpong(n: usize, size: usize, block: bool) {
     let (a, b) = pair();
-    a.set_nonblocking(!block).unwrap();
-    b.set_nonblocking(!block).unwrap();
-    let spin_recv = |s: &UdpSocket, buf: &mut [u8]| loop {
-        if let Ok(k) = s.recv(buf) {
-            return k;
-        }
-        std::hint::spin_loop();
-    };
+    for s in [&a, &b] {
+        s.set_nonblocking(!block).unwrap();
+        // A blocking side waits 10 s at most (then `recv_or_spin` fails).
+        s.set_read_timeout(block.then_some(Duration::from_secs(10))).unwrap();
+    }
     let echo = std::thread::spawn(move || {
         let mut buf = vec![0u8; 65536];
         for _ in 0..n {
-            let k = spin_recv(&b, &mut buf);
+            let k = recv_or_spin(&b, &mut buf, block);
             b.send(&buf[..k]).unwrap();
         }
     });
@@ -83,7 +80,7 @@ fn pingpong(n: usize, size: usize, block: bool) {
     for _ in 0..n {
         let t = Instant::now();
         a.send(&msg).unwrap();
-        spin_recv(&a, &mut buf);
+        recv_or_spin(&a, &mut buf, block);
         lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
     }
     echo.join().unwrap();
